@@ -1,0 +1,101 @@
+"""Bucket sets and the two bucket-selection policies.
+
+``exclusive`` (NxD Inference's default): a length l runs in the smallest bucket b with
+l < b; the largest bucket also takes l == b.  ``inclusive`` (transformers-neuronx, TPU
+padding): the smallest b with l <= b.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .errors import UserError
+from .types import POLICIES
+
+
+def validate_buckets(buckets: Iterable[int], *, what: str = "buckets") -> tuple[int, ...]:
+    """Return the buckets as a tuple; raise ``UserError`` unless positive and strictly increasing."""
+    b = tuple(buckets)
+    if not b:
+        raise UserError(f"{what}: empty bucket list; give at least one positive length")
+    for x in b:
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+            raise UserError(f"{what}: {x!r} is not an integer token length")
+        if x <= 0:
+            raise UserError(f"{what}: {x} is not positive; bucket lengths are token counts >= 1")
+    for a, c in zip(b, b[1:]):
+        if c <= a:
+            raise UserError(f"{what}: {list(b)} is not strictly increasing ({a} then {c}); sort them and drop repeats")
+    return tuple(int(x) for x in b)
+
+
+def check_policy(policy: str) -> str:
+    if policy not in POLICIES:
+        raise UserError(f"bucket_policy {policy!r} is unknown: use one of {', '.join(POLICIES)}")
+    return policy
+
+
+def auto_buckets(max_len: int, *, start: int = 128) -> tuple[int, ...]:
+    """NxD Inference automatic bucketing: powers of two from ``start`` up to ``max_len``, then ``max_len``."""
+    if max_len <= 0:
+        raise UserError(f"max length {max_len} is not positive")
+    out = []
+    b = start
+    while b < max_len:
+        out.append(b)
+        b *= 2
+    out.append(max_len)
+    return tuple(out)
+
+
+def bucket_ranges(buckets: Sequence[int], policy: str) -> tuple[np.ndarray, np.ndarray]:
+    """Inclusive integer length ranges [lo_k, hi_k] that run in bucket k under ``policy``.
+
+    Lengths are >= 1.  Exclusive: [b_{k-1}, b_k - 1], the last bucket [b_{K-2}, b_K-1].
+    Inclusive: [b_{k-1} + 1, b_k].  A range may be empty (lo > hi) for a degenerate set.
+    """
+    b = np.asarray(buckets, dtype=np.int64)
+    prev = np.concatenate([[0], b[:-1]])
+    if policy == "exclusive":
+        lo = np.maximum(prev, 1)
+        hi = b - 1
+        hi[-1] = b[-1]
+    elif policy == "inclusive":
+        lo = prev + 1
+        hi = b.copy()
+    else:
+        check_policy(policy)
+        raise AssertionError("unreachable")
+    return lo, hi
+
+
+def select_index(lengths, buckets: Sequence[int], policy: str) -> np.ndarray:
+    """Index into ``buckets`` of the bucket each length runs in; -1 where none holds it."""
+    b = np.asarray(buckets, dtype=np.int64)
+    ln = np.asarray(lengths, dtype=np.int64)
+    if policy == "exclusive":
+        idx = np.searchsorted(b, ln, side="right")  # first b with l < b
+        idx = np.where((idx == len(b)) & (ln == b[-1]), len(b) - 1, idx)
+    elif policy == "inclusive":
+        idx = np.searchsorted(b, ln, side="left")  # first b with l <= b
+    else:
+        check_policy(policy)
+        raise AssertionError("unreachable")
+    return np.where((idx >= len(b)) | (ln < 1), -1, idx)
+
+
+def select(length: int, buckets: Sequence[int], policy: str) -> int:
+    """The bucket a single length runs in; ``UserError`` if it fits in none."""
+    i = int(select_index([length], buckets, policy)[0])
+    if i < 0:
+        raise UserError(
+            f"length {length} does not fit the bucket set {list(buckets)} under the {policy} policy; "
+            f"add a larger bucket or shorten the request"
+        )
+    return int(buckets[i])
+
+
+def max_length(buckets: Sequence[int]) -> int:
+    """The longest length a bucket set holds (under both policies, the largest bucket)."""
+    return int(buckets[-1])

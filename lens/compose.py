@@ -1,0 +1,197 @@
+"""Composition: per-bucket TTFT_b / TBT_b -> per-request TTFT, TPOT, E2E.
+
+All of it is numpy over (batches x rows x buckets); nothing loops over decode steps.
+
+The machine (the same one the runners implement): requests run in order, in static
+batches of the unit's batch size.  Prompts are encoded one request at a time, each in
+the context-encoding bucket of its length, so request i of a batch gets its first token
+after the prefills of requests 0..i.  Then the batch decodes:
+
+- ``static`` (NxD Inference default): the whole batch is one shape; at decode step t the
+  token-generation bucket is the one of the longest context among the requests still
+  generating; finished requests ride along as padding until the longest output ends.
+- ``ragged`` (TPU ragged paged attention): each request walks its own buckets and pays
+  TBT_b / B per step, summed over the requests still generating.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from .buckets import bucket_ranges, select_index, validate_buckets
+from .errors import MissingProfiles, UserError
+from .types import BucketProfile, Candidate, Requests
+
+MODES = ("static", "ragged")
+
+
+@dataclass(frozen=True, eq=False)
+class UnitTable:
+    """The per-bucket numbers of one candidate, as arrays aligned with its bucket sets."""
+
+    batch: int
+    policy: str
+    ctx_buckets: np.ndarray
+    ttft_s: np.ndarray
+    tkg_buckets: np.ndarray
+    tbt_s: np.ndarray
+    #: integer context ranges [lo, hi] of each token-generation bucket under the policy
+    tkg_lo: np.ndarray
+    tkg_hi: np.ndarray
+    sources: tuple[str, ...] = ()
+
+    @classmethod
+    def build(
+        cls, candidate: Candidate, profiles: Mapping[int, BucketProfile], *, policy: str
+    ) -> "UnitTable":
+        ctx = validate_buckets(candidate.ctx_buckets, what="context-encoding buckets")
+        tkg = validate_buckets(candidate.tkg_buckets, what="token-generation buckets")
+        missing = sorted(set(b for b in ctx + tkg if b not in profiles))
+        if missing:
+            raise MissingProfiles(
+                f"no profile for bucket(s) {missing} of tp={candidate.tp} batch={candidate.batch}",
+                missing={(candidate.tp, candidate.batch): missing},
+            )
+        lo, hi = bucket_ranges(tkg, policy)
+        used = [profiles[b] for b in sorted(set(ctx + tkg))]
+        return cls(
+            batch=candidate.batch,
+            policy=policy,
+            ctx_buckets=np.asarray(ctx, dtype=np.int64),
+            ttft_s=np.asarray([profiles[b].ttft_s for b in ctx], dtype=np.float64),
+            tkg_buckets=np.asarray(tkg, dtype=np.int64),
+            tbt_s=np.asarray([max(profiles[b].tbt_s, 0.0) for b in tkg], dtype=np.float64),
+            tkg_lo=lo,
+            tkg_hi=hi,
+            sources=tuple(sorted({p.source for p in used})),
+        )
+
+    def cum(self, x: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
+        """Sum of ``values`` (default TBT_b) over the integer contexts 1..x, elementwise."""
+        v = self.tbt_s if values is None else values
+        x = np.asarray(x, dtype=np.int64)[..., None]
+        n = np.clip(x - self.tkg_lo + 1, 0, self.tkg_hi - self.tkg_lo + 1)
+        return n @ v.astype(np.float64)
+
+
+@dataclass(frozen=True, eq=False)
+class Prediction:
+    """Per-request latencies and per-batch times of one workload on one candidate."""
+
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray  # NaN for one-token requests (no decode step)
+    e2e_s: np.ndarray
+    batch_s: np.ndarray
+    prefill_padding: float
+    decode_padding: float
+    mode: str
+
+    @property
+    def total_s(self) -> float:
+        return float(self.batch_s.sum())
+
+
+def _check_fit(req: Requests, table: UnitTable) -> None:
+    lin, lout = req.input_len, req.output_len
+    bad = np.flatnonzero((lin < 1) | (lout < 1))
+    if bad.size:
+        i = int(bad[0])
+        raise UserError(f"request {i}: input {lin[i]} / output {lout[i]} tokens; both must be >= 1")
+    longest_ctx = int(table.ctx_buckets[-1])
+    bad = np.flatnonzero(select_index(lin, table.ctx_buckets, table.policy) < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise UserError(
+            f"request {i}: input of {lin[i]} tokens fits no context bucket (largest {longest_ctx}); "
+            f"add a larger bucket or drop the request"
+        )
+    last = lin + lout - 1
+    bad = np.flatnonzero((lout > 1) & (last > table.tkg_hi[-1]))
+    if bad.size:
+        i = int(bad[0])
+        raise UserError(
+            f"request {i}: {lin[i]} + {lout[i]} tokens exceed the largest token-generation bucket "
+            f"{int(table.tkg_buckets[-1])}; add a larger bucket or shorten the request"
+        )
+
+
+def predict(table: UnitTable, requests: Requests, *, mode: str = "static") -> Prediction:
+    """Predict every request of ``requests`` run in order, in batches of ``table.batch``."""
+    if mode not in MODES:
+        raise UserError(f"batching mode {mode!r} is unknown: use one of {', '.join(MODES)}")
+    n = len(requests)
+    if n == 0:
+        raise UserError("the workload has no requests")
+    _check_fit(requests, table)
+    B = table.batch
+    nb = -(-n // B)
+    pad = nb * B - n
+    lin = np.concatenate([requests.input_len, np.zeros(pad, np.int64)]).reshape(nb, B)
+    lout = np.concatenate([requests.output_len, np.ones(pad, np.int64)]).reshape(nb, B)
+    real = np.concatenate([np.ones(n, bool), np.zeros(pad, bool)]).reshape(nb, B)
+
+    ci = select_index(np.maximum(lin, 1), table.ctx_buckets, table.policy)
+    pre = np.where(real, table.ttft_s[ci], 0.0)
+    ttft = np.cumsum(pre, axis=1)
+    prefill_total = ttft[:, -1]
+
+    if mode == "static":
+        dec, dec_slots = _static_decode(table, lin, lout)
+    else:
+        dec, dec_slots = _ragged_decode(table, lin, lout, real)
+    e2e = prefill_total[:, None] + dec
+    batch_s = prefill_total + dec.max(axis=1)
+
+    steps = np.maximum(lout - 1, 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(steps > 0, (e2e - ttft) / steps, np.nan)
+
+    used_pre = lin[real].sum()
+    slots_pre = table.ctx_buckets[ci][real].sum()
+    useful_dec = (steps * lin + steps * (steps + 1) // 2)[real].sum()
+    return Prediction(
+        ttft_s=ttft[real],
+        tpot_s=tpot[real],
+        e2e_s=e2e[real],
+        batch_s=batch_s,
+        prefill_padding=float(1 - used_pre / slots_pre) if slots_pre else 0.0,
+        decode_padding=float(1 - useful_dec / dec_slots) if dec_slots else 0.0,
+        mode=mode,
+    )
+
+
+def _static_decode(table: UnitTable, lin: np.ndarray, lout: np.ndarray) -> tuple[np.ndarray, float]:
+    """Decode time from the batch start of decoding to each row's last token (static batch).
+
+    Rows sorted by output length: between the (j-1)-th and j-th shortest outputs the
+    requests still generating are rows j.., so the longest of their contexts is
+    M_j + t with M_j the suffix maximum of their prompt lengths.
+    """
+    order = np.argsort(lout, axis=1, kind="stable")
+    o = np.take_along_axis(lout, order, axis=1)
+    m = np.take_along_axis(lin, order, axis=1)
+    m = np.maximum.accumulate(m[:, ::-1], axis=1)[:, ::-1]  # suffix max
+    prev = np.concatenate([np.ones((o.shape[0], 1), np.int64), o[:, :-1]], axis=1)
+    # segment j covers steps t in (prev_j - 1, o_j - 1]: contexts (M_j + prev_j - 1, M_j + o_j - 1]
+    seg = table.cum(m + o - 1) - table.cum(m + prev - 1)
+    sorted_dec = np.cumsum(seg, axis=1)
+    slots = table.cum(m + o - 1, table.tkg_buckets) - table.cum(m + prev - 1, table.tkg_buckets)
+    dec = np.empty_like(sorted_dec)
+    np.put_along_axis(dec, order, sorted_dec, axis=1)
+    return dec, float(slots.sum() * table.batch)
+
+
+def _ragged_decode(
+    table: UnitTable, lin: np.ndarray, lout: np.ndarray, real: np.ndarray
+) -> tuple[np.ndarray, float]:
+    """Ragged batch: E2E_i = sum_j [C(l_j + min(o_i, o_j) - 1) - C(l_j)] / B over requests j."""
+    B = table.batch
+    base = table.cum(lin)  # (nb, B)
+    steps_ij = np.minimum(lout[:, :, None], lout[:, None, :]) - 1  # (nb, i, j)
+    reach = lin[:, None, :] + steps_ij
+    cost = (table.cum(reach) - base[:, None, :]) * real[:, None, :]
+    dec = cost.sum(axis=2) / B
+    own = (table.cum(lin + lout - 1, table.tkg_buckets) - table.cum(lin, table.tkg_buckets)) * real
+    return dec, float(own.sum())

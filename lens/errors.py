@@ -1,0 +1,50 @@
+"""One exception root for everything lensopt raises on purpose.
+
+User mistakes (bad space files, traces, CLI arguments) are ``UserError`` subclasses: the CLI
+prints their message on one line and exits 2. Anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+
+class LensoptError(Exception):
+    """Root of every error lensopt raises deliberately."""
+
+    exit_code = 1
+
+
+class UserError(LensoptError):
+    """A mistake in user input: message names the file, the field and the fix."""
+
+    exit_code = 2
+
+
+class SpaceError(UserError):
+    """A space file (TOML) is malformed or inconsistent."""
+
+
+class TraceError(UserError):
+    """A workload trace file has a bad header or bad rows."""
+
+
+class CacheError(LensoptError):
+    """The profile cache is unusable (foreign file, corrupt, unknown schema)."""
+
+    exit_code = 2
+
+
+class MissingProfiles(LensoptError):
+    """A prediction needs bucket profiles the cache does not hold."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, missing: dict | None = None):
+        super().__init__(message)
+        self.missing = missing or {}
+
+
+class RunnerError(LensoptError):
+    """A runner failed to compile or measure (hardware, SDK or program failure)."""
+
+
+class RunnerUnavailable(UserError):
+    """A runner was chosen whose optional dependency is not installed."""

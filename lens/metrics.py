@@ -1,0 +1,74 @@
+"""Workload-level metrics from per-request latencies (predicted or measured)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .types import Requests
+
+PERCENTILES = (50, 90, 99)
+LATENCIES = ("ttft", "tpot", "e2e")
+
+
+def _stats(prefix: str, x: np.ndarray) -> dict[str, float]:
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return {f"{prefix}_mean_s": float("nan"), **{f"{prefix}_p{p}_s": float("nan") for p in PERCENTILES}}
+    out = {f"{prefix}_mean_s": float(x.mean())}
+    qs = np.percentile(x, PERCENTILES)
+    out.update({f"{prefix}_p{p}_s": float(q) for p, q in zip(PERCENTILES, qs)})
+    return out
+
+
+def tpot_of(ttft_s: np.ndarray, e2e_s: np.ndarray, output_len: np.ndarray) -> np.ndarray:
+    """Time per output token after the first: (E2E - TTFT) / (l_out - 1); NaN for one token."""
+    steps = np.asarray(output_len) - 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(steps > 0, (np.asarray(e2e_s) - np.asarray(ttft_s)) / steps, np.nan)
+
+
+def summarize(
+    requests: Requests,
+    *,
+    ttft_s: np.ndarray,
+    e2e_s: np.ndarray,
+    total_s: float,
+    chips: int = 1,
+    tpot_s: np.ndarray | None = None,
+    prefill_padding: float | None = None,
+    decode_padding: float | None = None,
+) -> dict[str, Any]:
+    """Throughput (output tokens/s per replica and per chip), TTFT/TPOT/E2E mean/p50/p90/p99."""
+    out_tokens = int(requests.output_len.sum())
+    tpot = tpot_of(ttft_s, e2e_s, requests.output_len) if tpot_s is None else tpot_s
+    m: dict[str, Any] = {
+        "requests": len(requests),
+        "output_tokens": out_tokens,
+        "total_s": float(total_s),
+        "throughput_tok_s": out_tokens / total_s if total_s > 0 else float("nan"),
+        "throughput_tok_s_per_chip": out_tokens / total_s / chips if total_s > 0 else float("nan"),
+    }
+    m.update(_stats("ttft", ttft_s))
+    m.update(_stats("tpot", tpot))
+    m.update(_stats("e2e", e2e_s))
+    if prefill_padding is not None:
+        m["prefill_padding"] = prefill_padding
+    if decode_padding is not None:
+        m["decode_padding"] = decode_padding
+    return m
+
+
+def summarize_prediction(requests: Requests, pred, *, chips: int = 1) -> dict[str, Any]:
+    """``summarize`` for a ``lens.compose.Prediction``."""
+    return summarize(
+        requests,
+        ttft_s=pred.ttft_s,
+        e2e_s=pred.e2e_s,
+        total_s=pred.total_s,
+        chips=chips,
+        tpot_s=pred.tpot_s,
+        prefill_padding=pred.prefill_padding,
+        decode_padding=pred.decode_padding,
+    )

@@ -1,0 +1,132 @@
+"""The probe plan (two end-to-end runs per bucket) and the solve for TTFT_b and TBT_b.
+
+Convention used everywhere in lensopt: a request (l_in, l_out) generates exactly l_out
+tokens; the first comes from the prefill, then l_out - 1 decode steps follow, and decode
+step k (k = 1 .. l_out - 1) has context l_in + k.  A probe runs a full batch of B identical
+requests, so with prompts encoded one at a time
+
+    T(L) = B * TTFT_b + (L - 1) * TBT_b
+    TBT_b  = (T2 - T1) / (L2 - L1)
+    TTFT_b = (T1 - (L1 - 1) * TBT_b) / B
+
+The pitfall (lens-method.md): the prompt must run in b *and* every decode context of the
+longer run must stay in b under the target's policy, so l_in sits at the bottom of the
+bucket and L2 is limited by the bucket's width.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .buckets import bucket_ranges, select_index, validate_buckets
+from .errors import RunnerError, UserError
+from .types import BucketProfile, Probe, ProbeRun
+
+#: default cap on the longer run's output: more steps lower the TBT noise, but cost time
+DEFAULT_MAX_OUTPUT = 128
+DEFAULT_REPEATS = 3
+
+
+def probe_window(bucket: int, buckets: Sequence[int], policy: str) -> tuple[int, int]:
+    """Lowest prompt length that runs in ``bucket`` and the highest context that stays in it."""
+    b = validate_buckets(buckets)
+    if bucket not in b:
+        raise UserError(f"bucket {bucket} is not one of the buckets {list(b)}")
+    lo, hi = bucket_ranges(b, policy)
+    k = b.index(bucket)
+    return int(lo[k]), int(hi[k])
+
+
+def plan_probes(
+    buckets: Sequence[int],
+    *,
+    policy: str,
+    profile: Iterable[int] | None = None,
+    max_output: int = DEFAULT_MAX_OUTPUT,
+    repeats: int = DEFAULT_REPEATS,
+) -> list[Probe]:
+    """Two probes (L1 < L2) per bucket of ``profile`` (default: all of ``buckets``).
+
+    ``buckets`` is the full candidate set: it fixes each bucket's lower neighbour, so the
+    prompt lands in the bucket under any subset a search may later pick.  l_in is the
+    lowest length the bucket takes; L2 the most steps whose contexts stay in the bucket,
+    capped at ``max_output``; L1 = 2 (one decode step, so per-run decode start-up cost
+    lands in the intercept, not the slope), or 1 when the bucket is too narrow.
+    """
+    b = validate_buckets(buckets)
+    targets = b if profile is None else tuple(sorted(set(profile)))
+    if max_output < 2:
+        raise UserError(f"max_output {max_output}: needs at least 2 tokens to solve for TBT")
+    if repeats < 1:
+        raise UserError(f"repeats {repeats}: needs at least 1")
+    probes: list[Probe] = []
+    for bucket in targets:
+        l_in, hi = probe_window(bucket, b, policy)
+        l2 = min(hi - l_in + 1, max_output)  # contexts l_in+1 .. l_in+L2-1 stay <= hi
+        if l2 < 2:
+            raise UserError(
+                f"bucket {bucket} is too narrow to profile under the {policy} policy "
+                f"(prompts {l_in}..{hi}): widen the gap to the previous bucket to at least 2 tokens"
+            )
+        l1 = 2 if l2 >= 4 else 1
+        probes.append(Probe(bucket=bucket, input_len=l_in, output_len=l1, repeats=repeats))
+        probes.append(Probe(bucket=bucket, input_len=l_in, output_len=l2, repeats=repeats))
+    return probes
+
+
+def check_probe(probe: Probe, buckets: Sequence[int], policy: str) -> None:
+    """Raise if the probe's prompt or any decode context leaves its bucket (the pitfall)."""
+    b = np.asarray(buckets)
+    ctx = np.arange(probe.input_len, probe.input_len + probe.output_len)  # prompt, then contexts
+    idx = select_index(ctx, b, policy)
+    if np.any(idx < 0) or np.any(b[np.maximum(idx, 0)] != probe.bucket):
+        raise UserError(f"probe {probe} leaves bucket {probe.bucket} of {list(b)} under the {policy} policy")
+
+
+def solve(
+    runs: Sequence[ProbeRun], *, batch: int, runner: str = "", host: str = "", simulated: bool = False
+) -> dict[int, BucketProfile]:
+    """TTFT_b and TBT_b per bucket from the medians of two probes each."""
+    by_bucket: dict[int, list[ProbeRun]] = {}
+    for r in runs:
+        by_bucket.setdefault(r.probe.bucket, []).append(r)
+    now = time.time()
+    out: dict[int, BucketProfile] = {}
+    for bucket, rs in sorted(by_bucket.items()):
+        rs = sorted(rs, key=lambda r: r.probe.output_len)
+        if len(rs) != 2 or rs[0].probe.output_len == rs[1].probe.output_len:
+            raise RunnerError(f"bucket {bucket}: expected two runs at two output lengths, got {len(rs)}")
+        r1, r2 = rs
+        l1, l2 = r1.probe.output_len, r2.probe.output_len
+        t1, t2 = r1.median_s, r2.median_s
+        tbt = (t2 - t1) / (l2 - l1)
+        if not tbt > 0:
+            raise RunnerError(
+                f"bucket {bucket}: the longer run was not slower (T1={t1:.6f}s at L={l1}, "
+                f"T2={t2:.6f}s at L={l2}); the measurement is too noisy to solve"
+            )
+        ttft = (t1 - (l1 - 1) * tbt) / batch
+        if not ttft > 0:
+            raise RunnerError(f"bucket {bucket}: solved TTFT {ttft:.6f}s is not positive; remeasure")
+        out[bucket] = BucketProfile(
+            bucket=bucket,
+            ttft_s=float(ttft),
+            tbt_s=float(tbt),
+            input_len=r1.probe.input_len,
+            l1=l1,
+            l2=l2,
+            t1_s=t1,
+            t2_s=t2,
+            repeats=len(r1.times_s),
+            spread=max(r1.spread, r2.spread),
+            runner=runner,
+            host=host,
+            measured_at=now,
+            simulated=simulated,
+            raw_t1=tuple(r1.times_s),
+            raw_t2=tuple(r2.times_s),
+            source="simulated" if simulated else "measured",
+        )
+    return out

@@ -1,0 +1,207 @@
+"""Frozen value types shared by every package (see DESIGN.md's vocabulary)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+POLICIES = ("exclusive", "inclusive")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Llama-architecture decoder shape."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def param_count(self) -> int:
+        """Parameters of the decoder (embeddings and untied LM head included)."""
+        h, i, hd = self.hidden, self.intermediate, self.head_dim
+        attn = h * (self.heads * hd) + 2 * h * (self.kv_heads * hd) + (self.heads * hd) * h
+        mlp = 3 * h * i
+        per_layer = attn + mlp + 2 * h
+        return self.layers * per_layer + 2 * self.vocab * h + h
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is deployed where: model, hardware, runner, bucket policy, dtype."""
+
+    name: str
+    runner: str
+    hardware: str
+    bucket_policy: str
+    dtype: str
+    model: ModelShape
+    options: tuple[tuple[str, Any], ...] = ()
+    seed: int = 0
+
+    def option(self, key: str, default: Any = None) -> Any:
+        for k, v in self.options:
+            if k == key:
+                return v
+        return default
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "runner": self.runner,
+            "hardware": self.hardware,
+            "bucket_policy": self.bucket_policy,
+            "dtype": self.dtype,
+            "model": self.model.to_dict(),
+            "options": dict(self.options),
+            "seed": self.seed,
+        }
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One compiled configuration on one target: compiles once, profiles many buckets."""
+
+    target: Target
+    tp: int
+    batch: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A deployable configuration: tp, batch size and the two bucket sets."""
+
+    tp: int
+    batch: int
+    ctx_buckets: tuple[int, ...]
+    tkg_buckets: tuple[int, ...]
+
+    @property
+    def all_buckets(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.ctx_buckets) | set(self.tkg_buckets)))
+
+    def label(self) -> str:
+        ctx = ",".join(map(str, self.ctx_buckets))
+        if self.ctx_buckets == self.tkg_buckets:
+            return f"tp{self.tp} b{self.batch} [{ctx}]"
+        tkg = ",".join(map(str, self.tkg_buckets))
+        return f"tp{self.tp} b{self.batch} ctx[{ctx}] tkg[{tkg}]"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One end-to-end profiling run: a full batch of identical requests in one bucket."""
+
+    bucket: int
+    input_len: int
+    output_len: int
+    repeats: int = 3
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """The raw times (seconds, one per repeat) of one probe."""
+
+    probe: Probe
+    times_s: tuple[float, ...]
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.times_s))
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the repeats: the run-to-run noise of this probe."""
+        t = np.asarray(self.times_s)
+        med = float(np.median(t))
+        return float((t.max() - t.min()) / med) if med > 0 and len(t) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """What a runner returns from ``profile``: raw runs plus hardware-seconds accounting."""
+
+    runs: tuple[ProbeRun, ...]
+    compile_s: float
+    run_s: float
+    host: str
+    versions: Mapping[str, str] = field(default_factory=dict)
+    simulated: bool = False
+
+
+@dataclass(frozen=True)
+class BucketProfile:
+    """TTFT_b and TBT_b of one bucket of one unit, with the raw runs and provenance."""
+
+    bucket: int
+    ttft_s: float
+    tbt_s: float
+    input_len: int
+    l1: int
+    l2: int
+    t1_s: float
+    t2_s: float
+    repeats: int
+    spread: float
+    runner: str = ""
+    host: str = ""
+    measured_at: float = 0.0
+    simulated: bool = False
+    raw_t1: tuple[float, ...] = ()
+    raw_t2: tuple[float, ...] = ()
+    #: "measured" (hardware), "simulated" (a sim runner) or "estimate:<model>" (never measured)
+    source: str = "measured"
+
+
+@dataclass(frozen=True, eq=False)
+class Requests:
+    """A list of requests as numpy arrays (input and output token counts, optional arrival)."""
+
+    input_len: np.ndarray
+    output_len: np.ndarray
+    arrival_s: np.ndarray | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_len", np.asarray(self.input_len, dtype=np.int64))
+        object.__setattr__(self, "output_len", np.asarray(self.output_len, dtype=np.int64))
+        if self.input_len.shape != self.output_len.shape or self.input_len.ndim != 1:
+            raise ValueError("input_len and output_len must be 1-D arrays of one length")
+
+    def __len__(self) -> int:
+        return int(self.input_len.shape[0])
+
+    def head(self, n: int) -> "Requests":
+        arr = None if self.arrival_s is None else self.arrival_s[:n]
+        return Requests(self.input_len[:n], self.output_len[:n], arr, self.name)
+
+
+@dataclass(frozen=True, eq=False)
+class WorkloadRun:
+    """A real (or simulated) run of requests on a runner, per request and in total."""
+
+    ttft_s: np.ndarray
+    e2e_s: np.ndarray
+    total_s: float
+    compile_s: float
+    run_s: float
+    host: str = ""
+    simulated: bool = False
+
+
+def stable_hash(obj: Any, n: int = 16) -> str:
+    """A short, stable hash of a JSON-able object (sorted keys)."""
+    data = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(data.encode()).hexdigest()[:n]

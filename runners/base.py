@@ -1,0 +1,95 @@
+"""The runner interface: three methods every backend implements.
+
+A runner is constructed from a ``Target`` (no I/O in the constructor) and then:
+
+- ``fingerprint()``: a stable hash of everything that changes a measurement
+  (runner, device kind, SDK/compiler versions, model architecture, dtype, policy);
+- ``profile(unit, probes)``: compiles the unit once for the probes' buckets and runs each
+  probe (a full batch of identical requests, ``probe.repeats`` times), returning raw times;
+- ``run_workload(candidate, requests)``: runs real requests in batches of
+  ``candidate.batch`` on the candidate's bucket sets, returning per-request TTFT and E2E.
+
+Hooks with defaults: ``fingerprint_fields`` (what goes into the fingerprint), ``close``.
+"""
+from __future__ import annotations
+
+import platform
+import socket
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+from lens.types import Candidate, Probe, ProfileResult, Requests, Target, Unit, WorkloadRun, stable_hash
+
+
+class Runner(ABC):
+    """Base class of every backend; see the module docstring."""
+
+    #: registry name, e.g. "jax"
+    name: str = ""
+    #: True for backends whose numbers are simulated, never measured on hardware
+    simulated: bool = False
+    #: accepted ``[target.options]`` keys -> (type, default); unknown keys are an error
+    options_schema: dict[str, tuple[type, Any]] = {}
+
+    def __init__(self, target: Target):
+        self.target = target
+
+    # -- the three required methods -------------------------------------------------------
+    def fingerprint(self) -> str:
+        return stable_hash(self.fingerprint_fields())
+
+    @abstractmethod
+    def profile(self, unit: Unit, probes: Sequence[Probe]) -> ProfileResult:
+        """Compile ``unit`` for the probes' buckets once, run every probe, return raw times."""
+
+    @abstractmethod
+    def run_workload(self, candidate: Candidate, requests: Requests) -> WorkloadRun:
+        """Run ``requests`` in order, in static batches of ``candidate.batch``."""
+
+    # -- hooks ----------------------------------------------------------------------------
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """Everything that changes a measurement. Runners add their SDK versions."""
+        t = self.target
+        return {
+            "runner": self.name,
+            "hardware": t.hardware,
+            "dtype": t.dtype,
+            "policy": t.bucket_policy,
+            "model": t.model.to_dict(),
+            "versions": self.versions(),
+        }
+
+    def versions(self) -> dict[str, str]:
+        """SDK / compiler versions that go into the fingerprint and the provenance."""
+        return {"python": platform.python_version()}
+
+    def check_unit(self, unit: Unit) -> None:
+        """Raise ``UserError`` when the unit cannot run on this target (e.g. tp vs heads)."""
+
+    def deploy_snippets(self, candidate: Candidate) -> dict[str, str]:
+        """Files that deploy ``candidate`` the way this backend takes it (name -> text).
+
+        The default is the configuration as JSON; backends add their own forms (a pinned
+        space file, a ``vllm serve`` command line, an NxD Inference ``neuron_config``).
+        """
+        import json
+
+        cfg = {
+            "target": self.target.name,
+            "runner": self.name,
+            "hardware": self.target.hardware,
+            "tp": candidate.tp,
+            "batch_size": candidate.batch,
+            "bucket_policy": self.target.bucket_policy,
+            "context_encoding_buckets": list(candidate.ctx_buckets),
+            "token_generation_buckets": list(candidate.tkg_buckets),
+            "max_length": max(candidate.tkg_buckets),
+        }
+        return {"config.json": json.dumps(cfg, indent=2) + "\n"}
+
+    def close(self) -> None:
+        """Release devices or processes held by the runner."""
+
+    @staticmethod
+    def host() -> str:
+        return socket.gethostname()

@@ -1,0 +1,144 @@
+"""Argument parsing helpers shared by the subcommands (strings only at this edge)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from lens.errors import UserError
+from lens.types import Candidate, Requests
+from spaces import Space, load_space
+
+
+def int_list(text: str, *, flag: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip() != "")
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: give integers separated by commas, e.g. {flag} 64,128,256") from None
+    if not vals:
+        raise UserError(f"{flag} is empty: give integers separated by commas")
+    return vals
+
+
+def add_space_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("space", metavar="SPACE", help="space file (TOML), e.g. spaces/quickstart.toml")
+
+
+def add_cache_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache", metavar="PATH", help="profile cache file (default $LENSOPT_CACHE or ~/.cache/lensopt/profiles.sqlite)")
+
+
+def add_unit_args(p: argparse.ArgumentParser, *, buckets_required: bool) -> None:
+    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
+    p.add_argument("--batch", type=int, required=True, help="batch size compiled into the unit")
+    p.add_argument(
+        "--buckets", required=buckets_required, metavar="A,B,C",
+        help="bucket set (context encoding and token generation)" + ("" if buckets_required else "; default: all of space.buckets"),
+    )
+    if buckets_required:
+        p.add_argument("--ctx-buckets", metavar="A,B", help="context-encoding buckets, when they differ from --buckets")
+        p.add_argument("--tkg-buckets", metavar="A,B", help="token-generation buckets, when they differ from --buckets")
+
+
+def add_request_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input-len", metavar="I[,I...]", help="prompt length(s): one value, or one per request of the batch")
+    p.add_argument("--output-len", metavar="O[,O...]", help="output length(s): one value, or one per request")
+    p.add_argument("--workload", metavar="FILE|NAME", help="a trace file (CSV/JSONL) or a built-in distribution name")
+    p.add_argument("--requests", type=int, help="sample size from --workload (default: whole trace / 200)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed for --workload")
+    p.add_argument("--mode", choices=("static", "ragged"), help="batching mode (default: the space's target.batching)")
+
+
+def space_and_unit(args) -> tuple[Space, int, int]:
+    space = load_space(args.space)
+    for flag, v in (("--tp", args.tp), ("--batch", args.batch)):
+        if v < 1:
+            raise UserError(f"{flag} {v}: must be a positive integer")
+    m = space.target.model
+    if m.heads % args.tp or m.kv_heads % args.tp:
+        raise UserError(
+            f"--tp {args.tp} does not divide heads = {m.heads} and kv_heads = {m.kv_heads} of {space.path}; "
+            f"use a divisor of {math.gcd(m.heads, m.kv_heads)}"
+        )
+    return space, args.tp, args.batch
+
+
+def candidate_from_args(args, space: Space) -> Candidate:
+    base = int_list(args.buckets, flag="--buckets")
+    ctx = int_list(args.ctx_buckets, flag="--ctx-buckets") if getattr(args, "ctx_buckets", None) else base
+    tkg = int_list(args.tkg_buckets, flag="--tkg-buckets") if getattr(args, "tkg_buckets", None) else base
+    from lens.buckets import validate_buckets
+
+    return Candidate(
+        tp=args.tp, batch=args.batch,
+        ctx_buckets=validate_buckets(ctx, what="--ctx-buckets" if ctx is not base else "--buckets"),
+        tkg_buckets=validate_buckets(tkg, what="--tkg-buckets" if tkg is not base else "--buckets"),
+    )
+
+
+def requests_from_args(args, batch: int) -> Requests:
+    from lens.workload import load_workload
+
+    if args.workload:
+        if args.input_len or args.output_len:
+            raise UserError("give either --workload or --input-len/--output-len, not both")
+        if args.requests is not None and args.requests < 1:
+            raise UserError(f"--requests {args.requests}: must be a positive integer")
+        return load_workload(args.workload, requests=args.requests, seed=args.seed)
+    if not (args.input_len and args.output_len):
+        raise UserError("give --input-len and --output-len (or --workload FILE|NAME)")
+    ins = int_list(args.input_len, flag="--input-len")
+    outs = int_list(args.output_len, flag="--output-len")
+    n = max(len(ins), len(outs))
+    if len(ins) not in (1, n) or len(outs) not in (1, n):
+        raise UserError(f"--input-len has {len(ins)} values and --output-len {len(outs)}: give one value or one per request")
+    if n > batch:
+        raise UserError(f"{n} requests for --batch {batch}: give at most one value per request of the batch, or use --workload")
+    ins = ins * n if len(ins) == 1 else ins
+    outs = outs * n if len(outs) == 1 else outs
+    for flag, vals in (("--input-len", ins), ("--output-len", outs)):
+        if min(vals) < 1:
+            raise UserError(f"{flag} {min(vals)}: token counts must be >= 1")
+    return Requests(np.asarray(ins), np.asarray(outs), name="cli")
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return [_clean(x) for x in v.tolist()]
+    if isinstance(v, (np.floating, float)):
+        f = float(v)
+        return None if not math.isfinite(f) else f
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def print_json(obj: Any) -> None:
+    json.dump(_clean(obj), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def fmt_s(x: float) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    if x >= 1:
+        return f"{x:.3f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.2f} ms"
+    return f"{x * 1e6:.1f} us"
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    cells = [list(map(str, header))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

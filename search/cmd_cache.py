@@ -1,0 +1,160 @@
+"""``lensopt cache``: list, export, import and remove cached bucket profiles."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from lens.cache import EXPORT_FORMATS, ProfileCache, resolve_cache_path
+from lens.errors import UserError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--cache", metavar="PATH", default=None,
+        help="profile cache file (default: $LENSOPT_CACHE, else ~/.cache/lensopt/profiles.sqlite)",
+    )
+    p = sub.add_parser(
+        "cache", help="list, export, import or remove cached bucket profiles",
+        description="Manage the profile cache shared by every search on this host.",
+    )
+    csub = p.add_subparsers(dest="cache_command", metavar="ACTION")
+    csub.required = True
+
+    ls = csub.add_parser("ls", parents=[common], help="list the cached units",
+                         description="List the cached units: one line per (fingerprint, tp, batch).")
+    ls.add_argument("--json", action="store_true", help="print the units as a JSON list")
+    ls.set_defaults(func=cmd_ls)
+
+    ex = csub.add_parser("export", parents=[common], help="write every profile to a .csv or .parquet file",
+                         description="Write every cached profile to FILE (.csv or .parquet, by extension).")
+    ex.add_argument("file", metavar="FILE", help=f"output file ({' or '.join(EXPORT_FORMATS)})")
+    ex.set_defaults(func=cmd_export)
+
+    im = csub.add_parser("import", parents=[common], help="add the profiles of an exported file",
+                         description="Add the profiles of FILE (written by `lensopt cache export`). "
+                                     "Every row is checked before anything is written.")
+    im.add_argument("file", metavar="FILE", help=f"input file ({' or '.join(EXPORT_FORMATS)})")
+    im.add_argument("--replace", action="store_true",
+                    help="overwrite profiles the cache already holds (default: keep them)")
+    im.set_defaults(func=cmd_import)
+
+    rm = csub.add_parser("rm", parents=[common], help="remove profiles",
+                         description="Remove the profiles matching every filter given; --all removes every profile.")
+    rm.add_argument("--fingerprint", metavar="F", help="target fingerprint")
+    rm.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree")
+    rm.add_argument("--batch", type=int, metavar="N", help="batch size")
+    rm.add_argument("--bucket", type=int, metavar="N", help="bucket length")
+    rm.add_argument("--all", action="store_true", help="remove every profile in the cache")
+    rm.set_defaults(func=cmd_rm)
+
+
+def _when(ts: float) -> str:
+    if not ts or math.isnan(ts):
+        return "-"
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _no_cache(path: Path) -> bool:
+    return not os.path.lexists(path)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    path = resolve_cache_path(args.cache)
+    if _no_cache(path):
+        if args.json:
+            print("[]")
+        else:
+            print(f"no profile cache at {path} (nothing profiled yet)")
+        return 0
+    with ProfileCache.open(path, create=False) as cache:
+        units = cache.units()
+    if args.json:
+        out = []
+        for r in units.to_dict("records"):
+            out.append({
+                "fingerprint": r["fingerprint"], "tp": int(r["tp"]), "batch": int(r["batch"]),
+                "buckets": [int(b) for b in r["buckets"]], "runner": r["runner"], "host": r["host"],
+                "measured_at": float(r["measured_at"]), "simulated": bool(r["simulated"]),
+                "compile_s": None if math.isnan(r["compile_s"]) else float(r["compile_s"]),
+                "run_s": None if math.isnan(r["run_s"]) else float(r["run_s"]),
+            })
+        print(json.dumps(out, indent=2))
+        return 0
+    if units.empty:
+        print(f"profile cache {path} is empty")
+        return 0
+    rows = [
+        [r.fingerprint, str(r.tp), str(r.batch), ",".join(map(str, r.buckets)),
+         r.runner, r.host, _when(r.measured_at)]
+        for r in units.itertuples(index=False)
+    ]
+    print(_table(["fingerprint", "tp", "batch", "buckets", "runner", "host", "measured_at"], rows, right={1, 2}))
+    n_prof = int(units["n_buckets"].sum())
+    print(f"{len(units)} unit{'s' * (len(units) != 1)}, {n_prof} profile{'s' * (n_prof != 1)} in {path}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    path = resolve_cache_path(args.cache)
+    out = Path(args.file).expanduser()
+    if out.suffix.lower() not in EXPORT_FORMATS:
+        raise UserError(f"{out}: unknown file type {out.suffix or '(no extension)'!r}; use one of {', '.join(EXPORT_FORMATS)}")
+    if _no_cache(path):
+        raise UserError(f"no profile cache at {path}: nothing to export (pass --cache PATH to export another cache)")
+    with ProfileCache.open(path, create=False) as cache:
+        n = cache.export(out)
+    print(f"exported {n} profile{'s' * (n != 1)} to {out}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    path = resolve_cache_path(args.cache)
+    src = Path(args.file).expanduser()
+    if src.suffix.lower() not in EXPORT_FORMATS:
+        raise UserError(f"{src}: unknown file type {src.suffix or '(no extension)'!r}; use one of {', '.join(EXPORT_FORMATS)}")
+    if not src.is_file():
+        raise UserError(f"{src}: no such file")
+    with ProfileCache.open(path) as cache:
+        c = cache.import_file(src, replace=args.replace)
+    total = c["inserted"] + c["skipped"] + c["replaced"]
+    msg = f"imported {total} profile{'s' * (total != 1)} from {src} into {path}: {c['inserted']} new"
+    if args.replace:
+        msg += f", {c['replaced']} replaced"
+    else:
+        msg += f", {c['skipped']} already cached and kept"
+        if c["skipped"]:
+            msg += " (pass --replace to overwrite them)"
+    print(msg)
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    filters = {k: getattr(args, k) for k in ("fingerprint", "tp", "batch", "bucket") if getattr(args, k) is not None}
+    if not filters and not args.all:
+        raise UserError("cache rm: give a filter (--fingerprint, --tp, --batch, --bucket) or --all to remove every profile")
+    if filters and args.all:
+        raise UserError("cache rm: --all removes every profile; drop it to remove only the filtered ones")
+    path = resolve_cache_path(args.cache)
+    if _no_cache(path):
+        print(f"no profile cache at {path}; removed 0 profiles", file=sys.stderr)
+        return 0
+    with ProfileCache.open(path, create=False) as cache:
+        n = cache.remove(**filters)
+    print(f"removed {n} profile{'s' * (n != 1)} from {path}")
+    return 0

@@ -1,0 +1,188 @@
+"""``lensopt profile | predict | measure``: one unit, by hand."""
+from __future__ import annotations
+
+import shlex
+import time
+
+import numpy as np
+
+from lens.cache import ProfileCache, resolve_cache_path
+from lens.compose import UnitTable, predict
+from lens.errors import MissingProfiles
+from lens.metrics import summarize, summarize_prediction, tpot_of
+from runners import get_runner
+
+from .cli_common import (
+    add_cache_arg, add_request_args, add_space_arg, add_unit_args, candidate_from_args, fmt_s, int_list,
+    print_json, requests_from_args, space_and_unit, table,
+)
+from .profiler import check_subset, profile_missing
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="measure the missing bucket profiles of one unit (tp, batch)",
+                       description="Profile the buckets of one unit that the cache lacks: two end-to-end runs per bucket.")
+    add_space_arg(p)
+    add_unit_args(p, buckets_required=False)
+    add_cache_arg(p)
+    p.add_argument("--repeats", type=int, help="timed repeats of each run (default: the space's profile.repeats)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("predict", help="predict TTFT/TPOT/E2E of requests from cached profiles",
+                       description="Predict request latencies with LENS from the cached bucket profiles of one unit.")
+    add_space_arg(p)
+    add_unit_args(p, buckets_required=True)
+    add_request_args(p)
+    add_cache_arg(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("measure", help="run requests end to end on the runner (to check a prediction)",
+                       description="Run the same requests on the target's runner and report measured TTFT/TPOT/E2E.")
+    add_space_arg(p)
+    add_unit_args(p, buckets_required=True)
+    add_request_args(p)
+    p.add_argument("--repeats", type=int, default=3, help="repeats; per-request medians are reported (default 3)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_measure)
+
+
+def _profiles_line(profiles) -> list[list[str]]:
+    return [[b, p.source, fmt_s(p.ttft_s), fmt_s(p.tbt_s), f"{p.spread * 100:.1f}%"] for b, p in sorted(profiles.items())]
+
+
+def cmd_profile(args) -> int:
+    space, tp, batch = space_and_unit(args)
+    buckets = int_list(args.buckets, flag="--buckets") if args.buckets else space.space.buckets
+    check_subset(buckets, space.space.buckets, space.path)
+    repeats = args.repeats if args.repeats is not None else space.profile.repeats
+    if repeats < 1:
+        from lens.errors import UserError
+
+        raise UserError(f"--repeats {repeats}: must be at least 1")
+    runner = get_runner(space.target)
+    fp = runner.fingerprint()
+    with ProfileCache.open(resolve_cache_path(args.cache)) as cache:
+        out = profile_missing(
+            cache=cache, runner=runner, fingerprint=fp, tp=tp, batch=batch, buckets=sorted(buckets),
+            all_buckets=space.space.buckets, repeats=repeats, max_output=space.profile.max_output,
+        )
+        profiles = {b: p for b, p in cache.get_unit(fp, tp, batch).items() if b in buckets}
+    sim = " (SIMULATED device)" if out.simulated or runner.simulated else ""
+    if args.json:
+        print_json({
+            "fingerprint": fp, "tp": tp, "batch": batch, "measured": out.measured, "reused": out.reused,
+            "compile_s": out.compile_s, "run_s": out.run_s, "hardware_s": out.compile_s + out.run_s,
+            "simulated": bool(sim),
+            "profiles": {str(b): {"ttft_s": p.ttft_s, "tbt_s": p.tbt_s, "spread": p.spread, "source": p.source}
+                         for b, p in profiles.items()},
+        })
+        return 0
+    print(f"{space.target.name}: runner {space.target.runner} on {space.target.hardware}{sim}, tp={tp} batch={batch}, fingerprint {fp}")
+    rows = [[b, "measured" if b in out.measured else "reused", *r[1:]] for b, r in zip(sorted(profiles), _profiles_line(profiles))]
+    print(table(rows, ["bucket", "status", "TTFT_b", "TBT_b", "spread"]))
+    print(f"measured {len(out.measured)} bucket(s), reused {len(out.reused)} from the cache; "
+          f"hardware seconds{sim}: compile {out.compile_s:.2f} s + run {out.run_s:.2f} s")
+    return 0
+
+
+def _load_table(args, space, cand, runner) -> UnitTable:
+    fp = runner.fingerprint()
+    path = resolve_cache_path(args.cache)
+    profiles = {}
+    if path.exists():
+        with ProfileCache.open(path, create=False) as cache:
+            profiles = cache.get_unit(fp, cand.tp, cand.batch)
+    try:
+        return UnitTable.build(cand, profiles, policy=space.target.bucket_policy)
+    except MissingProfiles as exc:
+        missing = sorted({b for v in exc.missing.values() for b in v})
+        cmd = ["lensopt", "profile", str(space.path), "--tp", str(cand.tp), "--batch", str(cand.batch),
+               "--buckets", ",".join(map(str, missing))]
+        if args.cache:
+            cmd += ["--cache", args.cache]
+        raise MissingProfiles(
+            f"the cache {path} has no profile for bucket(s) {missing} of tp={cand.tp} batch={cand.batch}; "
+            f"run: {shlex.join(cmd)}",
+            missing=exc.missing,
+        ) from None
+
+
+def _report(kind: str, requests, ttft, tpot, e2e, summary: dict, extra: dict, as_json: bool, label: str) -> None:
+    if as_json:
+        one = len(requests) == 1
+        pick = (lambda a: float(a[0])) if one else (lambda a: a)
+        print_json({"ttft_s": pick(ttft), "tpot_s": pick(tpot), "e2e_s": pick(e2e), **extra, "summary": summary})
+        return
+    print(label)
+    if len(requests) <= 32:
+        rows = [[i, int(a), int(b), fmt_s(t), fmt_s(p), fmt_s(e)]
+                for i, (a, b, t, p, e) in enumerate(zip(requests.input_len, requests.output_len, ttft, tpot, e2e))]
+        print(table(rows, ["req", "input", "output", "TTFT", "TPOT", "E2E"]))
+    print(
+        f"{kind}: {summary['requests']} request(s), throughput {summary['throughput_tok_s']:.1f} tok/s, "
+        f"TTFT p50 {fmt_s(summary['ttft_p50_s'])} p90 {fmt_s(summary['ttft_p90_s'])}, "
+        f"TPOT p50 {fmt_s(summary['tpot_p50_s'])}, E2E p50 {fmt_s(summary['e2e_p50_s'])} p90 {fmt_s(summary['e2e_p90_s'])}"
+        f" p99 {fmt_s(summary['e2e_p99_s'])}"
+    )
+    for k, v in extra.items():
+        if k not in ("requests",):
+            print(f"  {k}: {v}")
+
+
+def cmd_predict(args) -> int:
+    space, tp, batch = space_and_unit(args)
+    cand = candidate_from_args(args, space)
+    requests = requests_from_args(args, batch)
+    runner = get_runner(space.target)
+    tbl = _load_table(args, space, cand, runner)
+    mode = args.mode or space.batching
+    pred = predict(tbl, requests, mode=mode)
+    summary = summarize_prediction(requests, pred, chips=tp)
+    sources = ",".join(tbl.sources)
+    extra = {"mode": mode, "profile_source": sources, "prefill_padding": round(pred.prefill_padding, 4),
+             "decode_padding": round(pred.decode_padding, 4)}
+    label = f"prediction (LENS from {sources} profiles) for {cand.label()} on {space.target.name}"
+    _report("predicted", requests, pred.ttft_s, pred.tpot_s, pred.e2e_s, summary, extra, args.json, label)
+    return 0
+
+
+def cmd_measure(args) -> int:
+    space, tp, batch = space_and_unit(args)
+    cand = candidate_from_args(args, space)
+    requests = requests_from_args(args, batch)
+    if args.repeats < 1:
+        from lens.errors import UserError
+
+        raise UserError(f"--repeats {args.repeats}: must be at least 1")
+    runner = get_runner(space.target)
+    from lens.types import Unit
+
+    runner.check_unit(Unit(target=space.target, tp=tp, batch=batch))
+    runs = []
+    t0 = time.perf_counter()
+    for _ in range(args.repeats):
+        runs.append(runner.run_workload(cand, requests))
+    wall = time.perf_counter() - t0
+    ttft = np.median(np.stack([r.ttft_s for r in runs]), axis=0)
+    e2e_all = np.stack([r.e2e_s for r in runs])
+    e2e = np.median(e2e_all, axis=0)
+    total = float(np.median([r.total_s for r in runs]))
+    spread_each = (e2e_all.max(axis=0) - e2e_all.min(axis=0)) / e2e
+    tpot = tpot_of(ttft, e2e, requests.output_len)
+    summary = summarize(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp)
+    sim = any(r.simulated for r in runs) or runner.simulated
+    extra = {
+        "repeats": args.repeats,
+        "spread": float(np.median(spread_each)),
+        "spread_max": float(spread_each.max()),
+        "compile_s": float(sum(r.compile_s for r in runs)),
+        "run_s": float(sum(r.run_s for r in runs)),
+        "wall_s": wall,
+        "simulated": sim,
+    }
+    label = (f"measurement ({'SIMULATED ' if sim else ''}{space.target.runner} on {space.target.hardware}, "
+             f"median of {args.repeats}) for {cand.label()} on {space.target.name}")
+    _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label)
+    return 0

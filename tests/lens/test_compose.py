@@ -1,0 +1,202 @@
+import numpy as np
+import pytest
+
+from lens.buckets import auto_buckets, bucket_ranges, select, select_index, validate_buckets
+from lens.compose import UnitTable, predict
+from lens.errors import MissingProfiles, UserError
+from lens.metrics import summarize_prediction
+from lens.types import BucketProfile, Candidate, Requests
+
+BUCKETS = (4, 8, 16)
+
+
+def prof(b, ttft, tbt):
+    return BucketProfile(bucket=b, ttft_s=ttft, tbt_s=tbt, input_len=1, l1=1, l2=2, t1_s=0, t2_s=0, repeats=1, spread=0)
+
+
+PROFILES = {4: prof(4, 1.0, 0.1), 8: prof(8, 2.0, 0.2), 16: prof(16, 4.0, 0.4)}
+
+
+def table(batch=1, policy="exclusive", buckets=BUCKETS, tkg=None):
+    cand = Candidate(tp=1, batch=batch, ctx_buckets=buckets, tkg_buckets=tkg or buckets)
+    return UnitTable.build(cand, PROFILES, policy=policy)
+
+
+# -- bucket selection -------------------------------------------------------------------
+
+def test_exclusive_selection_at_and_past_boundaries():
+    assert [select(n, BUCKETS, "exclusive") for n in (1, 3, 4, 7, 8, 15, 16)] == [4, 4, 8, 8, 16, 16, 16]
+    assert select_index([17], BUCKETS, "exclusive")[0] == -1
+
+
+def test_inclusive_selection_at_and_past_boundaries():
+    assert [select(n, BUCKETS, "inclusive") for n in (1, 4, 5, 8, 9, 16)] == [4, 4, 8, 8, 16, 16]
+    assert select_index([17, 0], BUCKETS, "inclusive").tolist() == [-1, -1]
+
+
+def test_ranges_cover_every_length_once():
+    for policy in ("exclusive", "inclusive"):
+        lo, hi = bucket_ranges(BUCKETS, policy)
+        covered = np.concatenate([np.arange(a, b + 1) for a, b in zip(lo, hi)])
+        assert covered.tolist() == list(range(1, 17))
+        for k, (a, b) in enumerate(zip(lo, hi)):
+            assert set(select_index(np.arange(a, b + 1), BUCKETS, policy)) == {k}
+
+
+def test_auto_buckets_nxd_rule():
+    assert auto_buckets(1000) == (128, 256, 512, 1000)
+    assert auto_buckets(1024) == (128, 256, 512, 1024)
+    assert auto_buckets(100) == (100,)
+
+
+@pytest.mark.parametrize("bad", [(), (8, 4), (4, 4), (0, 4), (-1,), (4.5,)])
+def test_bad_buckets(bad):
+    with pytest.raises(UserError):
+        validate_buckets(bad)
+
+
+# -- single request, hand-computed --------------------------------------------------------
+
+def one(lin, lout, policy="exclusive"):
+    p = predict(table(policy=policy), Requests([lin], [lout]))
+    return p.ttft_s[0], p.e2e_s[0]
+
+
+def test_single_request_inside_one_bucket():
+    # prompt 2 -> bucket 4 (TTFT 1.0); decode contexts 3 -> bucket 4: one step of 0.1
+    assert one(2, 2) == pytest.approx((1.0, 1.1))
+
+
+def test_single_request_crossing_boundary_exclusive():
+    # prompt 3 in 4; contexts 4,5,6 -> exclusive: 4 runs in bucket 8 -> 3 * 0.2
+    assert one(3, 4) == pytest.approx((1.0, 1.6))
+
+
+def test_single_request_crossing_boundary_inclusive():
+    # contexts 4 -> bucket 4 (0.1), 5,6 -> bucket 8 (0.2 each)
+    assert one(3, 4, "inclusive") == pytest.approx((1.0, 1.5))
+
+
+def test_prompt_exactly_at_boundary():
+    # exclusive: 4 runs in bucket 8; inclusive: in bucket 4
+    assert one(4, 1)[0] == pytest.approx(2.0)
+    assert one(4, 1, "inclusive")[0] == pytest.approx(1.0)
+    # the largest bucket also takes l == b under exclusive
+    assert one(16, 1)[0] == pytest.approx(4.0)
+
+
+def test_too_long_request_is_a_user_error():
+    with pytest.raises(UserError, match="request 0"):
+        one(10, 8)  # last context 17 > 16
+    with pytest.raises(UserError):
+        one(0, 3)
+
+
+# -- static batch ------------------------------------------------------------------------
+
+def test_static_batch_hand_computed():
+    # batch of 2: A (2 in, 3 out), B (6 in, 2 out), exclusive
+    # prefill: A in 4 -> 1.0; B in 8 -> 2.0 -> TTFT A=1.0, B=3.0, prefill total 3.0
+    # decode t=1: active A,B: max ctx = 6+1=7 -> bucket 8: 0.2.  B ends (E2E 3.2)
+    # t=2: active A only: ctx 2+2=4 -> bucket 8 (exclusive): 0.2 -> A E2E 3.4
+    p = predict(table(batch=2), Requests([2, 6], [3, 2]))
+    assert p.ttft_s == pytest.approx([1.0, 3.0])
+    assert p.e2e_s == pytest.approx([3.4, 3.2])
+    assert p.batch_s == pytest.approx([3.4])
+    assert p.tpot_s == pytest.approx([(3.4 - 1.0) / 2, 0.2])
+
+
+def test_static_batch_splits_into_batches_and_pads():
+    p = predict(table(batch=2), Requests([2, 2, 2], [2, 2, 2]))
+    # batches: [r0, r1], [r2 + padding]
+    assert p.ttft_s == pytest.approx([1.0, 2.0, 1.0])
+    assert p.e2e_s == pytest.approx([2.1, 2.1, 1.1])
+    assert p.batch_s == pytest.approx([2.1, 1.1])
+
+
+def test_ragged_batch_hand_computed():
+    # same batch as the static case: each request pays its own bucket / B
+    # A: contexts 3 (b4: .1), 4 (b8: .2); B: context 7 (b8: .2)
+    # t=1 costs (.1 + .2)/2 = .15 ; t=2 costs .2/2 = .1
+    p = predict(table(batch=2), Requests([2, 6], [3, 2]), mode="ragged")
+    assert p.e2e_s == pytest.approx([3.0 + 0.25, 3.0 + 0.15])
+
+
+def test_separate_ctx_and_tkg_sets():
+    t = table(batch=1, buckets=(8, 16), tkg=(16,))
+    p = predict(t, Requests([2], [3]))
+    assert p.e2e_s == pytest.approx([2.0 + 2 * 0.4])
+
+
+def test_missing_profiles_are_reported():
+    cand = Candidate(tp=1, batch=1, ctx_buckets=(4, 32), tkg_buckets=(4, 32))
+    with pytest.raises(MissingProfiles) as e:
+        UnitTable.build(cand, PROFILES, policy="exclusive")
+    assert e.value.missing == {(1, 1): [32]}
+
+
+# -- against a step-by-step reference ------------------------------------------------------
+
+def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode):
+    """Naive step-by-step composition, the definition written as loops."""
+    e2e, ttft = [], []
+    for s in range(0, len(lin), batch):
+        L, O = lin[s:s + batch], lout[s:s + batch]
+        t = 0.0
+        tt = []
+        for l in L:
+            t += tbl_profiles[select(l, buckets, policy)].ttft_s
+            tt.append(t)
+        done = [None] * len(L)
+        for i, o in enumerate(O):
+            if o == 1:
+                done[i] = t
+        step = 1
+        while any(d is None for d in done):
+            active = [i for i in range(len(L)) if O[i] - 1 >= step]
+            if mode == "static":
+                c = max(L[i] + step for i in active)
+                t += tbl_profiles[select(c, buckets, policy)].tbt_s
+            else:
+                t += sum(tbl_profiles[select(L[i] + step, buckets, policy)].tbt_s for i in active) / batch
+            for i in active:
+                if O[i] - 1 == step:
+                    done[i] = t
+            step += 1
+        ttft += tt
+        e2e += done
+    return np.array(ttft), np.array(e2e)
+
+
+@pytest.mark.parametrize("mode", ["static", "ragged"])
+@pytest.mark.parametrize("policy", ["exclusive", "inclusive"])
+@pytest.mark.parametrize("batch", [1, 3, 4])
+def test_vectorised_matches_step_by_step(mode, policy, batch):
+    rng = np.random.default_rng(batch)
+    n = 23
+    lin = rng.integers(1, 12, n)
+    lout = np.array([rng.integers(1, 16 - l + 2) for l in lin])
+    lout = np.minimum(lout, 16 - lin + 1)
+    ref_ttft, ref_e2e = reference(PROFILES, BUCKETS, policy, batch, lin.tolist(), lout.tolist(), mode)
+    p = predict(table(batch=batch, policy=policy), Requests(lin, lout), mode=mode)
+    assert p.ttft_s == pytest.approx(ref_ttft)
+    assert p.e2e_s == pytest.approx(ref_e2e)
+
+
+def test_metrics_summary():
+    req = Requests([2, 6], [3, 2])
+    p = predict(table(batch=2), req)
+    m = summarize_prediction(req, p, chips=2)
+    assert m["throughput_tok_s"] == pytest.approx(5 / 3.4)
+    assert m["throughput_tok_s_per_chip"] == pytest.approx(5 / 3.4 / 2)
+    assert m["e2e_p50_s"] == pytest.approx(3.3)
+    assert 0 < m["prefill_padding"] < 1
+
+
+def test_ten_thousand_requests_vectorised():
+    rng = np.random.default_rng(0)
+    lin = rng.integers(1, 9, 10_000)
+    lout = rng.integers(1, 8, 10_000)
+    p = predict(table(batch=8), Requests(lin, lout))
+    assert p.e2e_s.shape == (10_000,)
+    assert np.all(p.e2e_s >= p.ttft_s)

@@ -1,0 +1,66 @@
+import numpy as np
+import pytest
+
+from lens.buckets import select_index
+from lens.errors import RunnerError, UserError
+from lens.probes import check_probe, plan_probes, solve
+from lens.types import Probe, ProbeRun
+
+
+@pytest.mark.parametrize("policy", ["exclusive", "inclusive"])
+@pytest.mark.parametrize("buckets", [(64, 128, 256, 512), (3, 5, 9, 1024), (128, 4096, 4608, 8192)])
+def test_probe_contexts_never_leave_their_bucket(policy, buckets):
+    probes = plan_probes(buckets, policy=policy, max_output=10_000)
+    assert len(probes) == 2 * len(buckets)
+    for p in probes:
+        ctx = np.arange(p.input_len, p.input_len + p.output_len)  # prompt, then decode contexts
+        idx = select_index(ctx, buckets, policy)
+        assert set(np.asarray(buckets)[idx]) == {p.bucket}, p
+        check_probe(p, buckets, policy)
+    # the longer run of each bucket uses the whole room the bucket leaves
+    for b in buckets:
+        l2 = max(p.output_len for p in probes if p.bucket == b)
+        p = next(p for p in probes if p.bucket == b)
+        nxt = select_index([p.input_len + l2], buckets, policy)[0]
+        assert nxt == -1 or buckets[nxt] != b
+
+
+def test_probe_plan_respects_lower_neighbour_of_full_set():
+    # profiling only 256 of the set still puts the prompt above 128
+    (p1, p2) = plan_probes((64, 128, 256), policy="exclusive", profile=[256])
+    assert p1.input_len == 128 and p2.input_len == 128
+    (p1, p2) = plan_probes((64, 128, 256), policy="inclusive", profile=[256])
+    assert p1.input_len == 129
+
+
+def test_narrow_bucket_is_refused_clearly():
+    with pytest.raises(UserError, match="too narrow"):
+        plan_probes((4, 5, 6), policy="exclusive")
+
+
+def test_check_probe_catches_the_pitfall():
+    with pytest.raises(UserError):
+        check_probe(Probe(bucket=64, input_len=64, output_len=2), (64, 128), "exclusive")
+    with pytest.raises(UserError):
+        check_probe(Probe(bucket=64, input_len=60, output_len=10), (64, 128), "exclusive")
+
+
+def test_solve_recovers_ttft_and_tbt():
+    ttft, tbt, batch = 0.05, 0.002, 4
+    probes = plan_probes((64, 128), policy="exclusive", repeats=3)
+    runs = []
+    for p in probes:
+        t = batch * ttft + (p.output_len - 1) * tbt
+        runs.append(ProbeRun(p, (t * 0.99, t, t * 1.02)))
+    out = solve(runs, batch=batch)
+    for b in (64, 128):
+        assert out[b].ttft_s == pytest.approx(ttft, rel=1e-9)
+        assert out[b].tbt_s == pytest.approx(tbt, rel=1e-9)
+        assert out[b].repeats == 3
+        assert out[b].spread == pytest.approx(0.03)
+
+
+def test_solve_refuses_non_increasing_times():
+    p1, p2 = plan_probes((64,), policy="exclusive")
+    with pytest.raises(RunnerError, match="not slower"):
+        solve([ProbeRun(p1, (1.0,)), ProbeRun(p2, (0.9,))], batch=1)
