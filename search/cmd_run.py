@@ -1,0 +1,110 @@
+"""``lensopt run SPACE`` and ``lensopt confirm RESULTS_DIR``."""
+from __future__ import annotations
+
+import sys
+
+from .cli_common import add_cache_arg, add_space_arg, fmt_s, print_json, table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="search tp x batch x bucket sets; profile what is missing; confirm; report",
+                       description="Search the space's deployments on LENS predictions, profiling only units missing "
+                                   "from the cache, confirm the best on the hardware, and write results/<run>/.")
+    add_space_arg(p)
+    add_cache_arg(p)
+    p.add_argument("--results", default="results", metavar="DIR", help="parent folder of the run folder (default results)")
+    p.add_argument("--name", help="run folder name (default: the space file's name and a hash of its content and options)")
+    p.add_argument("--ray-address", metavar="HOST:PORT", help="join this Ray cluster instead of starting a local one")
+    p.add_argument("--workload", metavar="FILE|NAME", help="override the space's [workload]")
+    p.add_argument("--requests", type=int, help="workload sample size (default: the space's workload.requests)")
+    p.add_argument("--seed", type=int, help="workload sampling seed")
+    p.add_argument("--trials", type=int, help="Optuna trials (default: the space's budget.trials)")
+    p.add_argument("--sampler", default="nsga2", choices=("nsga2", "tpe", "random"), help="Optuna sampler (default nsga2)")
+    p.add_argument("--top", type=int, dest="top_k", help="candidates to confirm on the hardware (default: budget.top_k)")
+    p.add_argument("--no-confirm", action="store_true", help="skip the confirmation on the hardware")
+    p.add_argument("--fresh", action="store_true", help="start the run over instead of resuming it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print the front and run summary as JSON")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("confirm", help="rerun the hardware confirmation of a finished search",
+                       description="Run the top-k Pareto candidates of RESULTS_DIR on the hardware again.")
+    p.add_argument("run_dir", metavar="RESULTS_DIR", help="a results/<run> folder")
+    p.add_argument("--top", type=int, dest="top_k", help="how many candidates (default: the space's budget.top_k)")
+    p.add_argument("--ray-address", metavar="HOST:PORT")
+    add_cache_arg(p)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_confirm)
+
+
+def _quiet(args):
+    return (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+
+
+def print_front(res, space_objectives=None) -> None:
+    f = res.front
+    info = res.info
+    sim = " (SIMULATED device)" if info.get("simulated") else ""
+    if f.empty:
+        print("no Pareto front: no candidate predicted from measured profiles meets the constraints; see report.md")
+    else:
+        rows = []
+        for r in f.itertuples():
+            d = r._asdict()
+            rows.append([d["rank"], d["tp"], d["batch"], d["ctx_buckets"] if d["ctx_buckets"] == d["tkg_buckets"]
+                         else f"ctx {d['ctx_buckets']} / tkg {d['tkg_buckets']}",
+                         f"{d['throughput_tok_s']:.1f}", f"{d['throughput_tok_s_per_chip']:.1f}", fmt_s(d["ttft_p50_s"]),
+                         fmt_s(d["tpot_p50_s"]), fmt_s(d["e2e_p90_s"]),
+                         ("yes" + (" FLAGGED" if d.get("flagged") is True else "")) if d.get("confirmed") is True else ""])
+        print(f"\nPareto front{sim}: throughput vs latency, predicted from measured profiles")
+        print(table(rows, ["#", "tp", "batch", "buckets", "tok/s", "tok/s/chip", "TTFT p50", "TPOT p50", "E2E p90", "confirmed"]))
+    c = res.confirm
+    if c is not None and len(c):
+        print("\nconfirmation" + sim + ": predicted vs measured on the workload sample")
+        rows = []
+        for r in c.to_dict("records"):
+            if r.get("error") and isinstance(r.get("error"), str):
+                rows.append([r["tp"], r["batch"], r["ctx_buckets"], "failed: " + r["error"], "", "", ""])
+                continue
+            rows.append([r["tp"], r["batch"], r["ctx_buckets"],
+                         f"{r['throughput_tok_s_predicted']:.1f} / {r['throughput_tok_s_measured']:.1f} ({r['throughput_tok_s_err_%']:+.1f}%)",
+                         f"{fmt_s(r['e2e_p90_s_predicted'])} / {fmt_s(r['e2e_p90_s_measured'])} ({r['e2e_p90_s_err_%']:+.1f}%)",
+                         f"{r['e2e_request_mape_%']:.1f}%", "FLAGGED" if r["flagged"] else "ok"])
+        print(table(rows, ["tp", "batch", "buckets", "tok/s pred / meas", "E2E p90 pred / meas", "per-request E2E err", ""]))
+    print(f"\nunits: {len(info.get('units_measured', []))} measured this run, {len(info.get('units_reused', []))} reused; "
+          f"profiling tasks this run: {info.get('profile_tasks_this_run', 0)}; hardware seconds{sim}: profiling "
+          f"{info.get('profile_hardware_s', 0):.1f}, confirmation {info.get('confirm_hardware_s', 0):.1f}")
+    print(f"results: {res.run_dir}/ (report.md, report.html, pareto.csv, trials.csv, confirm.csv, run.json, deploy/)")
+
+
+def cmd_run(args) -> int:
+    from .run import run
+
+    try:
+        res = run(args.space, results_dir=args.results, name=args.name, cache=args.cache, ray_address=args.ray_address,
+                  workload=args.workload, requests=args.requests, seed=args.seed, trials=args.trials, sampler=args.sampler,
+                  confirm=not args.no_confirm, top_k=args.top_k, fresh=args.fresh,
+                  progress=not args.no_progress and sys.stderr.isatty(), log=_quiet(args))
+    except KeyboardInterrupt:
+        print("lensopt: interrupted; every measured unit is in the cache and every trial in the run folder: "
+              "rerun the same command to resume", file=sys.stderr)
+        return 130
+    if args.json:
+        print_json({"run_dir": str(res.run_dir), "front": res.front.to_dict("records"),
+                    "confirm": None if res.confirm is None else res.confirm.to_dict("records"), "info": res.info})
+    else:
+        print_front(res)
+    return 0
+
+
+def cmd_confirm(args) -> int:
+    from .run import confirm_run
+
+    res = confirm_run(args.run_dir, top_k=args.top_k, cache=args.cache, ray_address=args.ray_address,
+                      progress=not args.no_progress and sys.stderr.isatty(), log=_quiet(args))
+    if args.json:
+        print_json({"run_dir": str(res.run_dir), "confirm": None if res.confirm is None else res.confirm.to_dict("records")})
+    else:
+        print_front(res)
+    return 0

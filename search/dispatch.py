@@ -1,0 +1,150 @@
+"""Ray dispatch: one task per unit to profile, one per candidate to confirm.
+
+Ray starts locally by default (and is stopped at the end); ``address`` joins an existing
+cluster.  Each task asks for the resources of ``[hosts]`` for its tp, so it lands only on
+a node that has them.  Results come back as each task finishes (``ray.wait``), so the
+caller can write them to the cache at once.  A task that fails is retried by Ray
+(``max_retries`` for a lost worker, ``retry_exceptions`` for an exception) and then
+reported with its error, never dropped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from lens.errors import UserError
+from lens.types import Candidate, Requests, Target
+
+#: resources Ray names as arguments rather than in ``resources``
+_BUILTIN = {"CPU": "num_cpus", "GPU": "num_gpus"}
+
+
+def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, repeats: int, max_output: int):
+    from search.profiler import measure_unit
+
+    return measure_unit(target, tp=tp, batch=batch, buckets=buckets, all_buckets=all_buckets,
+                        repeats=repeats, max_output=max_output)
+
+
+def _confirm_task(target: Target, candidate: Candidate, requests: Requests):
+    from runners import get_runner
+
+    runner = get_runner(target)
+    runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
+    return runner.run_workload(candidate, requests)
+
+
+def check_address(address: str, *, timeout_s: float = 3.0) -> None:
+    """Fail within seconds, with a clear message, when a cluster address does not answer."""
+    if address in ("auto", "local") or address.startswith("ray://"):
+        hostport = address[len("ray://"):] if address.startswith("ray://") else None
+        if hostport is None:
+            return
+    else:
+        hostport = address
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"--ray-address {address!r}: give HOST:PORT of the cluster's head (e.g. 127.0.0.1:6379)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise UserError(f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start the head with "
+                        f"`ray start --head` or drop --ray-address to run locally") from None
+
+
+@dataclass
+class TaskOutcome:
+    key: Any
+    value: Any = None
+    error: str | None = None
+
+
+class Dispatcher:
+    """Owns the Ray connection for one search."""
+
+    def __init__(self, *, resources_for, address: str | None = None, max_retries: int = 2, num_cpus: int | None = None):
+        self.resources_for = resources_for
+        self.address = address
+        self.max_retries = max_retries
+        self.num_cpus = num_cpus
+        self._started_here = False
+        self.tasks_dispatched = 0
+
+    def start(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        if self.address:
+            check_address(self.address)
+            ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
+        else:
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            ray.init(num_cpus=self.num_cpus or os.cpu_count(), include_dashboard=False,
+                     logging_level=logging.ERROR, log_to_driver=False)
+            self._started_here = True
+
+    def stop(self) -> None:
+        import ray
+
+        if self._started_here and ray.is_initialized():
+            ray.shutdown()
+        self._started_here = False
+
+    def _options(self, tp: int) -> dict[str, Any]:
+        res = dict(self.resources_for(tp))
+        opts: dict[str, Any] = {"max_retries": self.max_retries, "retry_exceptions": True, "num_cpus": 0}
+        custom = {}
+        for k, v in res.items():
+            if k in _BUILTIN:
+                opts[_BUILTIN[k]] = v
+            else:
+                custom[k] = v
+        if custom:
+            opts["resources"] = custom
+        return opts
+
+    def unplaceable(self, tp: int) -> str | None:
+        """Why no node of the cluster can run a unit of this tp (None if one can)."""
+        import ray
+
+        need = dict(self.resources_for(tp))
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            have = node.get("Resources", {})
+            if all(have.get(k, 0) >= v for k, v in need.items()):
+                return None
+        return f"no node of the Ray cluster offers {need} for tp {tp}"
+
+    def _run(self, fn, jobs: Sequence[tuple[Any, int, tuple]]) -> Iterator[TaskOutcome]:
+        import ray
+
+        remote = ray.remote(fn)
+        pending = {}
+        for key, tp, args in jobs:
+            ref = remote.options(**self._options(tp)).remote(*args)
+            pending[ref] = key
+            self.tasks_dispatched += 1
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                key = pending.pop(ref)
+                try:
+                    yield TaskOutcome(key, value=ray.get(ref))
+                except Exception as exc:  # reported to the caller with the cause, never dropped
+                    cause = getattr(exc, "cause", None) or exc
+                    yield TaskOutcome(key, error=f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}")
+
+    def profile_units(self, target: Target, units: Sequence[tuple[int, int]], *, buckets, all_buckets,
+                      repeats: int, max_output: int) -> Iterator[TaskOutcome]:
+        jobs = [((tp, b), tp, (target, tp, b, tuple(buckets), tuple(all_buckets), repeats, max_output)) for tp, b in units]
+        return self._run(_measure_task, jobs)
+
+    def confirm(self, target: Target, candidates: Sequence[Candidate], requests: Requests) -> Iterator[TaskOutcome]:
+        jobs = [(c, c.tp, (target, c, requests)) for c in candidates]
+        return self._run(_confirm_task, jobs)

@@ -1,0 +1,137 @@
+"""Evaluating candidates on predictions: feasibility, LENS composition, objectives, SLOs."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from lens.compose import UnitTable, predict
+from lens.errors import LensoptError
+from lens.metrics import summarize_prediction
+from lens.types import BucketProfile, Candidate, Requests
+from spaces import Space
+
+from .encoding import bucket_count_ok
+from .prior import memory_gib
+
+MEASURED_SOURCES = ("measured", "simulated")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    candidate: Candidate
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    #: where the per-bucket numbers came from: "measured", "simulated" or "estimate:<prior>"
+    source: str = ""
+    infeasible: str | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.source in MEASURED_SOURCES
+
+    def values(self, space: Space) -> tuple[float, float]:
+        return (self.metrics[space.objectives.throughput], self.metrics[space.objectives.latency])
+
+    def violations(self, space: Space) -> dict[str, float]:
+        """SLO metric -> how far over its limit (<= 0 means met)."""
+        return {k: self.metrics[k] - limit for k, limit in space.slo}
+
+    def meets_slo(self, space: Space) -> bool:
+        return all(v <= 0 for v in self.violations(space).values())
+
+
+class Evaluator:
+    """Predicts candidates on the workload from measured profiles, or from a prior."""
+
+    def __init__(self, space: Space, requests: Requests, *, unit_check: Callable[[int, int], str | None] | None = None):
+        self.space = space
+        self.requests = requests
+        self.measured: dict[tuple[int, int], dict[int, BucketProfile]] = {}
+        self.failed: dict[tuple[int, int], str] = {}
+        self.priors: list = []
+        self._unit_check = unit_check
+        self._prior_cache: dict[tuple[int, int], dict[int, BucketProfile] | None] = {}
+        self._memo: dict[Candidate, Evaluation] = {}
+
+    # -- profiles -----------------------------------------------------------------------
+    def set_measured(self, unit: tuple[int, int], profiles: Mapping[int, BucketProfile]) -> None:
+        self.measured[unit] = dict(profiles)
+        self._prior_cache.clear()  # scaling priors lean on the measured units
+        self._memo.clear()
+
+    def set_failed(self, unit: tuple[int, int], reason: str) -> None:
+        self.failed[unit] = reason
+        self._memo = {c: e for c, e in self._memo.items() if (c.tp, c.batch) != unit}
+
+    def is_measured(self, unit: tuple[int, int]) -> bool:
+        prof = self.measured.get(unit)
+        return bool(prof) and all(b in prof for b in self.space.space.buckets)
+
+    def _profiles(self, unit: tuple[int, int]) -> tuple[dict[int, BucketProfile] | None, str]:
+        if self.is_measured(unit):
+            prof = self.measured[unit]
+            return prof, ("simulated" if any(p.simulated for p in prof.values()) else "measured")
+        if unit not in self._prior_cache:
+            est = None
+            for prior in self.priors:
+                est = prior.estimate(unit[0], unit[1], self.space.space.buckets, self.measured)
+                if est:
+                    break
+            self._prior_cache[unit] = est
+        est = self._prior_cache[unit]
+        return est, (next(iter(est.values())).source if est else "")
+
+    # -- feasibility --------------------------------------------------------------------
+    def infeasible_reason(self, c: Candidate) -> str | None:
+        sp, m = self.space, self.space.target.model
+        if m.heads % c.tp or m.kv_heads % c.tp:
+            return f"tp {c.tp} does not divide heads {m.heads} and kv_heads {m.kv_heads}"
+        if not bucket_count_ok(c, sp.space):
+            return f"more than max_buckets = {sp.space.max_buckets} buckets"
+        hosts = sp.hosts
+        if hosts.chips_per_host is not None and c.tp > hosts.chips_per_host:
+            return f"tp {c.tp} exceeds chips_per_host {hosts.chips_per_host}"
+        if hosts.memory_gib_per_chip is not None:
+            need = memory_gib(m, sp.target.dtype, tp=c.tp, batch=c.batch, max_len=max(c.tkg_buckets))
+            if need > hosts.memory_gib_per_chip:
+                return f"needs {need:.1f} GiB per chip for weights and KV cache, {hosts.memory_gib_per_chip:g} GiB available"
+        unit = (c.tp, c.batch)
+        if unit in self.failed:
+            return f"profiling failed: {self.failed[unit]}"
+        if self._unit_check is not None:
+            reason = self._unit_check(c.tp, c.batch)
+            if reason:
+                return reason
+        return None
+
+    # -- evaluation ---------------------------------------------------------------------
+    def evaluate(self, c: Candidate) -> Evaluation:
+        hit = self._memo.get(c)
+        if hit is not None:
+            return hit
+        ev = self._evaluate(c)
+        self._memo[c] = ev
+        return ev
+
+    def _evaluate(self, c: Candidate) -> Evaluation:
+        reason = self.infeasible_reason(c)
+        if reason:
+            return Evaluation(c, infeasible=reason)
+        prof, source = self._profiles((c.tp, c.batch))
+        if prof is None:
+            return Evaluation(c, source="", infeasible=None)
+        try:
+            tbl = UnitTable.build(c, prof, policy=self.space.target.bucket_policy)
+            pred = predict(tbl, self.requests, mode=self.space.batching)
+        except LensoptError as exc:
+            return Evaluation(c, infeasible=str(exc))
+        metrics = summarize_prediction(self.requests, pred, chips=c.tp)
+        cph = self.space.hosts.chips_per_host
+        if cph:
+            metrics["throughput_tok_s_per_host"] = metrics["throughput_tok_s_per_chip"] * (cph // c.tp) * c.tp
+        if not all(math.isfinite(metrics[k]) for k in (self.space.objectives.throughput, self.space.objectives.latency)):
+            return Evaluation(c, infeasible="objective is undefined for this workload (e.g. TPOT of one-token outputs)")
+        return Evaluation(c, metrics=metrics, source=source)
+
+    def reevaluate(self, candidates) -> list[Evaluation]:
+        return [self.evaluate(c) for c in candidates]
