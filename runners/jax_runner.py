@@ -1,0 +1,515 @@
+"""The ``jax`` runner: real execution through XLA (the local CPU here, TPU on TPU hosts).
+
+Static shapes per bucket, like NxD Inference: one prefill graph per context-encoding
+bucket (batch 1, padded prompt, traced length and destination row) and one decode graph
+per token-generation bucket (the whole batch as one shape, attention over the first b
+cache positions).  Graphs are compiled ahead of time once per (tp, batch) unit and kept
+for the life of the runner; the KV cache is allocated once per unit and donated to every
+call so it is updated in place.  The cache holds as many positions as the largest
+token-generation bucket seen (or the ``cache_len`` option); a call with a larger bucket
+reallocates it and recompiles that unit's graphs, so profile a unit's buckets in one call
+or set ``cache_len``.
+
+Generation semantics (the estimator composes the same machine): a request (l_in, l_out)
+produces exactly l_out greedy tokens, the first from its prefill, then l_out - 1 decode
+steps; step k has context l_in + k.  In a static batch the prompts are encoded one after
+the other, then the batch decodes together; the bucket of step k is
+sel(max l_in_i + k over the requests still generating at step k).  Finished rows and empty
+rows ride along as padding and never choose the bucket.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from lens.buckets import check_policy, select, select_index, validate_buckets
+from lens.errors import RunnerError, UserError
+from lens.types import Candidate, Probe, ProbeRun, ProfileResult, Requests, Target, Unit, WorkloadRun
+
+from .base import Runner
+
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+_CPU_DEVICES = 8
+
+
+def _ensure_host_devices() -> None:
+    # The flag is read when the CPU backend starts, so it must be in place before jax's
+    # first device query; tp 1/2/4/8 then run on one CPU host.  No effect on TPU/GPU.
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _DEVICE_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = (flags + f" {_DEVICE_FLAG}={_CPU_DEVICES}").strip()
+
+
+_ensure_host_devices()
+
+import jax  # noqa: E402  (after the XLA_FLAGS set-up above)
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+from . import jax_model as jm  # noqa: E402
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def decode_buckets(input_len, output_len, tkg_buckets: Sequence[int], policy: str) -> np.ndarray:
+    """The token-generation bucket of every decode step of one static batch.
+
+    Step k (1 <= k < max output_len) runs in sel(max l_in_i + k over the requests with
+    k <= output_len_i - 1): requests that have finished, like empty rows, ride along as
+    padding and do not choose the bucket.  Returns an int array of length
+    ``max(output_len) - 1``; ``UserError`` if a step's context fits no bucket.
+    """
+    l_in = np.asarray(input_len, np.int64)
+    last = np.asarray(output_len, np.int64) - 1
+    kmax = int(last.max()) if last.size else 0
+    if kmax <= 0:
+        return np.zeros(0, np.int64)
+    k = np.arange(1, kmax + 1)
+    live = k[:, None] <= last[None, :]  # [K, n]
+    cmax = np.where(live, l_in[None, :] + k[:, None], 0).max(axis=1)
+    idx = select_index(cmax, tkg_buckets, policy)
+    if (idx < 0).any():
+        bad = int(np.argmax(idx < 0))
+        raise UserError(
+            f"decode step {bad + 1} reaches context {int(cmax[bad])}, which fits no token-generation bucket "
+            f"{list(tkg_buckets)} under the {policy} policy"
+        )
+    return np.asarray(tkg_buckets, np.int64)[idx]
+
+
+@dataclass
+class _TpState:
+    """Mesh and weights of one tp degree (shared by every batch size)."""
+
+    mesh: Mesh
+    params: Any
+    param_sh: Any
+    repl: NamedSharding
+    cache_sh: NamedSharding
+
+
+@dataclass
+class _UnitState:
+    """Compiled graphs, KV cache and reusable device scalars of one (tp, batch) unit."""
+
+    tp: int
+    batch: int
+    cache_len: int
+    ck: Any
+    cv: Any
+    tokens0: Any
+    step1: Any
+    graphs: dict[tuple[str, int], Any] = field(default_factory=dict)
+    compile_s: dict[tuple[str, int], float] = field(default_factory=dict)
+
+
+@dataclass
+class _Batch:
+    """One static batch, prepared on the device before its clock starts."""
+
+    prefills: list  # (graph, prompt, length, row) per real request, in order
+    steps: list  # (graph, request indices finishing at this step) per decode step
+    l_in: Any
+    last_step: Any
+    n: int  # real requests
+    out_len: np.ndarray
+    graph_set: tuple  # (prefill buckets, decode buckets) this batch executes
+
+
+class JaxRunner(Runner):
+    """Runs a random-weight Llama-architecture decoder through XLA; see the module docstring."""
+
+    name = "jax"
+    simulated = False
+    #: warmup: untimed runs before timing (per distinct graph set in profile, per graph in
+    #: run_workload); cache_len: KV-cache positions per row, 0 = the largest
+    #: token-generation bucket seen so far (a larger bucket later rebuilds the unit's graphs)
+    options_schema = {"warmup": (int, 1), "cache_len": (int, 0)}
+
+    def __init__(self, target: Target):
+        super().__init__(target)
+        self._tp: dict[int, _TpState] = {}
+        self._units: dict[tuple[int, int], _UnitState] = {}
+
+    # -- identity ---------------------------------------------------------------------------
+    def versions(self) -> dict[str, str]:
+        import jaxlib
+
+        return {
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__,
+            "cpu": _cpu_model(),
+            "platform": jax.default_backend(),
+        }
+
+    def check_unit(self, unit: Unit) -> None:
+        s = unit.target.model
+        tp, batch = unit.tp, unit.batch
+        if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or tp < 1:
+            raise UserError(f"tp = {tp!r}: tensor parallelism must be an integer >= 1")
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise UserError(f"batch = {batch!r}: batch size must be an integer >= 1")
+        for fld in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab"):
+            if getattr(s, fld) < 1:
+                raise UserError(f"model.{fld} = {getattr(s, fld)} must be >= 1")
+        if s.hidden % s.heads:
+            raise UserError(f"model.hidden = {s.hidden} is not a multiple of model.heads = {s.heads}")
+        if s.head_dim % 2:
+            raise UserError(f"model head_dim = hidden / heads = {s.head_dim} is odd; rotary embeddings need it even")
+        if s.heads % s.kv_heads:
+            raise UserError(f"model.heads = {s.heads} is not a multiple of model.kv_heads = {s.kv_heads}")
+        for fld in ("heads", "kv_heads", "intermediate"):
+            v = getattr(s, fld)
+            if v % tp:
+                raise UserError(f"tp = {tp} does not divide model.{fld} = {v}; choose a tp that divides it")
+        if unit.target.dtype not in jm.DTYPES:
+            raise UserError(f"dtype {unit.target.dtype!r} is not supported by the jax runner: use one of {', '.join(jm.DTYPES)}")
+        check_policy(unit.target.bucket_policy)
+        n = len(jax.devices())
+        if tp > n:
+            if jax.default_backend() == "cpu":
+                raise RunnerError(
+                    f"tp = {tp} needs {tp} devices but jax started with {n} CPU device(s): jax was initialised "
+                    f"before the jax runner could set XLA_FLAGS; start the process with "
+                    f"XLA_FLAGS={_DEVICE_FLAG}={max(tp, _CPU_DEVICES)}"
+                )
+            raise UserError(f"tp = {tp} exceeds the {n} available {jax.default_backend()} device(s)")
+
+    # -- graphs -----------------------------------------------------------------------------
+    def compiled_graphs(self, tp: int, batch: int) -> list[tuple[str, int]]:
+        """The graphs compiled for unit (tp, batch): ``[("prefill", b), ("decode", b), ...]``."""
+        st = self._units.get((tp, batch))
+        return sorted(st.graphs) if st else []
+
+    def compile_seconds(self, tp: int, batch: int) -> dict[tuple[str, int], float]:
+        """Seconds spent lowering and compiling each graph of unit (tp, batch)."""
+        st = self._units.get((tp, batch))
+        return dict(st.compile_s) if st else {}
+
+    def _tp_state(self, tp: int) -> _TpState:
+        st = self._tp.get(tp)
+        if st is None:
+            t = self.target
+            mesh = Mesh(np.asarray(jax.devices()[:tp]), (jm.TP_AXIS,))
+            specs = jm.param_specs(t.model)
+            param_sh = jax.tree.map(lambda sp: NamedSharding(mesh, sp), specs, is_leaf=lambda x: isinstance(x, P))
+            params = jm.init_params(t.model, seed=t.seed, dtype=jm.jnp_dtype(t.dtype), shardings=param_sh)
+            jax.block_until_ready(params)
+            st = _TpState(mesh, params, param_sh, NamedSharding(mesh, P()), NamedSharding(mesh, jm.cache_spec()))
+            self._tp[tp] = st
+        return st
+
+    def _unit_state(self, tp: int, batch: int, cache_len: int) -> _UnitState:
+        """The unit's state with a cache of at least ``cache_len`` positions.
+
+        The cache is sized by the largest token-generation bucket seen; decode graphs read
+        a static slice of it, so a larger cache serves smaller bucket sets unchanged.  Only
+        when a larger bucket arrives are the cache and its graphs rebuilt.
+        """
+        key = (tp, batch)
+        st = self._units.get(key)
+        if st is not None and st.cache_len >= cache_len:
+            return st
+        ts = self._tp_state(tp)
+        dtype = jm.jnp_dtype(self.target.dtype)
+        shp = jm.cache_shape(self.target.model, batch, cache_len)
+        zeros = jax.jit(lambda: jnp.zeros(shp, dtype), out_shardings=ts.cache_sh)
+        if st is not None:  # drop the old cache before allocating the larger one
+            st.ck = st.cv = None
+        st = _UnitState(
+            tp=tp,
+            batch=batch,
+            cache_len=cache_len,
+            ck=zeros(),
+            cv=zeros(),
+            tokens0=jax.device_put(np.zeros(batch, np.int32), ts.repl),
+            step1=jax.device_put(np.int32(1), ts.repl),
+        )
+        self._units[key] = st
+        return st
+
+    def _graph(self, st: _UnitState, kind: str, bucket: int) -> float:
+        """Compile graph (kind, bucket) for the unit if missing; return the seconds it took."""
+        if (kind, bucket) in st.graphs:
+            return 0.0
+        t = self.target
+        ts = self._tp_state(st.tp)
+        dtype = jm.jnp_dtype(t.dtype)
+        rep, csh = ts.repl, ts.cache_sh
+        cache = jax.ShapeDtypeStruct(jm.cache_shape(t.model, st.batch, st.cache_len), dtype, sharding=csh)
+        params = jm.param_structs(t.model, dtype, ts.param_sh)
+
+        def i32(*shape):
+            return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)
+
+        t0 = time.perf_counter()
+        if kind == "prefill":
+            fn = jm.prefill_fn(t.model, bucket, st.cache_len)
+            args = (params, cache, cache, i32(st.batch), i32(1, bucket), i32(), i32())
+            outs = (rep, csh, csh)
+        else:
+            fn = jm.decode_fn(t.model, bucket)
+            args = (params, cache, cache, i32(st.batch), i32(st.batch), i32(st.batch), i32())
+            outs = (rep, csh, csh, rep)
+        ins = (ts.param_sh, csh, csh, rep, rep, rep, rep)
+        try:
+            compiled = jax.jit(fn, in_shardings=ins, out_shardings=outs, donate_argnums=(1, 2)).lower(*args).compile()
+        except Exception as exc:  # an XLA failure is a runner failure, with its cause chained
+            raise RunnerError(f"jax: compiling the {kind} graph of bucket {bucket} (tp {st.tp}, batch {st.batch}) failed: {exc}") from exc
+        dt = time.perf_counter() - t0
+        st.graphs[(kind, bucket)] = compiled
+        st.compile_s[(kind, bucket)] = dt
+        return dt
+
+    def _ensure(self, tp: int, batch: int, ctx: Sequence[int], tkg: Sequence[int]) -> tuple[_UnitState, float]:
+        need = max(tkg)
+        fixed = self._options()["cache_len"]
+        if fixed:
+            if fixed < need:
+                raise UserError(f"target option cache_len = {fixed} is smaller than the largest token-generation bucket {need}")
+            need = fixed
+        t0 = time.perf_counter()
+        st = self._unit_state(tp, batch, need)  # weights and cache: counted with compiling
+        setup = time.perf_counter() - t0
+        comp = sum(self._graph(st, "prefill", b) for b in ctx) + sum(self._graph(st, "decode", b) for b in tkg)
+        return st, setup + comp
+
+    # -- one static batch -------------------------------------------------------------------
+    def _prepare(self, st: _UnitState, prompts: Sequence[np.ndarray], out_len: Sequence[int],
+                 ctx: Sequence[int], tkg: Sequence[int]) -> _Batch:
+        """Device inputs and the step plan of one batch (validated by the caller)."""
+        ts = self._tp_state(st.tp)
+        pol = self.target.bucket_policy
+        n = len(prompts)
+        l_in = np.array([len(p) for p in prompts], np.int64)
+        lo = np.asarray(out_len, np.int64)
+        prefills = []
+        pre_b: list[int] = []
+        for r, p in enumerate(prompts):
+            b = select(len(p), ctx, pol)
+            pre_b.append(b)
+            padded = np.zeros((1, b), np.int32)
+            padded[0, : len(p)] = p
+            prefills.append((
+                st.graphs[("prefill", b)],
+                jax.device_put(padded, ts.repl),
+                jax.device_put(np.int32(len(p)), ts.repl),
+                jax.device_put(np.int32(r), ts.repl),
+            ))
+        last = lo - 1  # decode steps per request
+        dec_b = decode_buckets(l_in, lo, tkg, pol).tolist()
+        steps = []
+        for j, b in enumerate(dec_b):
+            fin = np.nonzero(last == j + 1)[0]
+            steps.append((st.graphs[("decode", b)], fin if len(fin) else None))
+        pad_l = np.ones(st.batch, np.int32)
+        pad_l[:n] = l_in
+        pad_last = np.zeros(st.batch, np.int32)  # empty rows never generate
+        pad_last[:n] = last
+        return _Batch(prefills, steps, jax.device_put(pad_l, ts.repl), jax.device_put(pad_last, ts.repl), n, lo,
+                      (tuple(sorted(set(pre_b))), tuple(sorted(set(dec_b)))))
+
+    def _run(self, st: _UnitState, bt: _Batch, *, record: bool = False):
+        """Execute one prepared batch; returns (ttft, e2e, wall seconds, tokens or None).
+
+        Synchronises only after each prefill (TTFT) and at steps where a request ends.
+        """
+        params = self._tp_state(st.tp).params
+        ttft = np.zeros(bt.n)
+        e2e = np.zeros(bt.n)
+        outs = [] if record else None
+        tok = st.tokens0
+        ck, cv = st.ck, st.cv
+        st.ck = st.cv = None  # donated below; never reuse a donated buffer
+        gc_was_on = gc.isenabled()
+        gc.disable()  # a collection inside the timed loop is host noise, not device time
+        t0 = time.perf_counter()
+        try:
+            for r, (g, prompt, length, row) in enumerate(bt.prefills):
+                tok, ck, cv = g(params, ck, cv, tok, prompt, length, row)
+                tok.block_until_ready()
+                ttft[r] = time.perf_counter() - t0
+                if record:
+                    outs.append(tok)
+            e2e[:] = ttft
+            step = st.step1
+            for g, fin in bt.steps:
+                tok, ck, cv, step = g(params, ck, cv, tok, bt.l_in, bt.last_step, step)
+                if record:
+                    outs.append(tok)
+                if fin is not None:
+                    tok.block_until_ready()
+                    e2e[fin] = time.perf_counter() - t0
+            wall = time.perf_counter() - t0
+        finally:
+            st.ck, st.cv = ck, cv
+            if gc_was_on:
+                gc.enable()
+        tokens = None
+        if record:
+            host = [np.asarray(o) for o in outs]
+            tokens = []
+            for r in range(bt.n):
+                seq = [int(host[r][r])] + [int(host[bt.n + j][r]) for j in range(int(bt.out_len[r]) - 1)]
+                tokens.append(np.asarray(seq, np.int64))
+        return ttft, e2e, wall, tokens
+
+    def _warm_graphs(self, st: _UnitState, ctx: Sequence[int], tkg: Sequence[int], times: int) -> None:
+        """Execute every listed graph ``times`` times on dummy inputs (results discarded)."""
+        if times <= 0:
+            return
+        ts = self._tp_state(st.tp)
+        params = ts.params
+        one = jax.device_put(np.int32(1), ts.repl)
+        zero = jax.device_put(np.int32(0), ts.repl)
+        ones = jax.device_put(np.ones(st.batch, np.int32), ts.repl)
+        ck, cv = st.ck, st.cv
+        st.ck = st.cv = None
+        tok = st.tokens0
+        try:
+            for _ in range(times):
+                for b in ctx:
+                    prompt = jax.device_put(np.zeros((1, b), np.int32), ts.repl)
+                    tok, ck, cv = st.graphs[("prefill", b)](params, ck, cv, tok, prompt, one, zero)
+                for b in tkg:
+                    tok, ck, cv, _ = st.graphs[("decode", b)](params, ck, cv, tok, ones, ones, st.step1)
+            jax.block_until_ready((tok, ck, cv))
+        finally:
+            st.ck, st.cv = ck, cv
+
+    # -- validation -------------------------------------------------------------------------
+    def _check_request(self, what: str, l_in: int, l_out: int, ctx: Sequence[int], tkg: Sequence[int]) -> None:
+        pol = self.target.bucket_policy
+        if l_in < 1 or l_out < 1:
+            raise UserError(f"{what}: input_len = {l_in}, output_len = {l_out}; both must be >= 1")
+        if select_index([l_in], ctx, pol)[0] < 0:
+            raise UserError(
+                f"{what}: input_len = {l_in} fits no context-encoding bucket {list(ctx)} under the {pol} policy; "
+                f"add a larger bucket or shorten the prompt"
+            )
+        last = l_in + l_out - 1  # with l_out = 1 the prompt itself must fit the cache
+        if select_index([last], tkg, pol)[0] < 0:
+            raise UserError(
+                f"{what}: input_len = {l_in}, output_len = {l_out} reaches context {last}, which fits no "
+                f"token-generation bucket {list(tkg)} under the {pol} policy; add a larger bucket or shorten it"
+            )
+
+    def _options(self) -> dict[str, int]:
+        """The target's options checked against ``options_schema`` (defaults filled in)."""
+        out = {}
+        for key, _ in self.target.options:
+            if key not in self.options_schema:
+                raise UserError(f"target option {key!r} is unknown to the jax runner: use one of {', '.join(self.options_schema)}")
+        for key, (typ, default) in self.options_schema.items():
+            v = self.target.option(key, default)
+            if isinstance(v, bool) or not isinstance(v, (typ, np.integer)) or v < 0:
+                raise UserError(f"target option {key} = {v!r}: give a whole number >= 0")
+            out[key] = int(v)
+        return out
+
+    # -- the runner interface ---------------------------------------------------------------
+    def profile(self, unit: Unit, probes: Sequence[Probe]) -> ProfileResult:
+        """Compile the unit for the probes' buckets (ctx and tkg alike), run every probe."""
+        self.check_unit(unit)
+        warm = self._options()["warmup"]
+        if not probes:
+            raise UserError("profile: no probes given")
+        buckets = validate_buckets(sorted({int(p.bucket) for p in probes}), what="probe buckets")
+        pol = self.target.bucket_policy
+        for i, p in enumerate(probes):
+            what = f"probe {i} (bucket {p.bucket})"
+            if p.repeats < 1:
+                raise UserError(f"{what}: repeats = {p.repeats}; give at least 1")
+            self._check_request(what, p.input_len, p.output_len, buckets, buckets)
+            if select(p.input_len, buckets, pol) != p.bucket:
+                raise UserError(
+                    f"{what}: input_len = {p.input_len} runs in bucket {select(p.input_len, buckets, pol)}, "
+                    f"not {p.bucket}, under the {pol} policy"
+                )
+        st, compile_s = self._ensure(unit.tp, unit.batch, buckets, buckets)
+        rng = np.random.default_rng(self.target.seed)
+        vocab = self.target.model.vocab
+        run_s = 0.0
+        warmed: set[tuple] = set()
+        runs = []
+        for p in probes:
+            prompt = rng.integers(0, vocab, size=p.input_len, dtype=np.int32)
+            bt = self._prepare(st, [prompt] * unit.batch, [p.output_len] * unit.batch, buckets, buckets)
+            if bt.graph_set not in warmed:
+                for _ in range(warm):
+                    run_s += self._run(st, bt)[2]
+                warmed.add(bt.graph_set)
+            times = []
+            for _ in range(p.repeats):
+                wall = self._run(st, bt)[2]
+                times.append(wall)
+                run_s += wall
+            runs.append(ProbeRun(p, tuple(times)))
+        return ProfileResult(
+            runs=tuple(runs), compile_s=compile_s, run_s=run_s, host=self.host(),
+            versions=self.versions(), simulated=False,
+        )
+
+    def run_workload(self, candidate: Candidate, requests: Requests) -> WorkloadRun:
+        """Run ``requests`` in order in static batches of ``candidate.batch``."""
+        ctx = validate_buckets(candidate.ctx_buckets, what="ctx_buckets")
+        tkg = validate_buckets(candidate.tkg_buckets, what="tkg_buckets")
+        self.check_unit(Unit(self.target, candidate.tp, candidate.batch))
+        warm = self._options()["warmup"]
+        lin, lout = requests.input_len, requests.output_len
+        for i in range(len(requests)):
+            self._check_request(f"request {i}", int(lin[i]), int(lout[i]), ctx, tkg)
+        st, compile_s = self._ensure(candidate.tp, candidate.batch, ctx, tkg)
+        t0 = time.perf_counter()
+        self._warm_graphs(st, ctx, tkg, warm)
+        run_s = time.perf_counter() - t0
+        rng = np.random.default_rng(self.target.seed)
+        vocab = self.target.model.vocab
+        n = len(requests)
+        ttft = np.zeros(n)
+        e2e = np.zeros(n)
+        total = 0.0
+        for s in range(0, n, candidate.batch):
+            e = min(s + candidate.batch, n)
+            prompts = [rng.integers(0, vocab, size=int(lin[i]), dtype=np.int32) for i in range(s, e)]
+            bt = self._prepare(st, prompts, lout[s:e], ctx, tkg)
+            t_ttft, t_e2e, wall, _ = self._run(st, bt)
+            ttft[s:e], e2e[s:e] = t_ttft, t_e2e
+            total += wall
+        run_s += total
+        return WorkloadRun(ttft_s=ttft, e2e_s=e2e, total_s=total, compile_s=compile_s, run_s=run_s,
+                           host=self.host(), simulated=False)
+
+    def generate(self, *, tp: int, batch: int, ctx_buckets: Sequence[int], tkg_buckets: Sequence[int],
+                 prompts: Sequence[Sequence[int]], output_len: Sequence[int]) -> list[np.ndarray]:
+        """Greedy tokens of one static batch (at most ``batch`` prompts), for checking numerics."""
+        ctx = validate_buckets(ctx_buckets, what="ctx_buckets")
+        tkg = validate_buckets(tkg_buckets, what="tkg_buckets")
+        self.check_unit(Unit(self.target, tp, batch))
+        if not 1 <= len(prompts) <= batch or len(prompts) != len(output_len):
+            raise UserError(f"generate: give 1..{batch} prompts and one output length per prompt")
+        for i, (p, lo) in enumerate(zip(prompts, output_len)):
+            self._check_request(f"prompt {i}", len(p), int(lo), ctx, tkg)
+        st, _ = self._ensure(tp, batch, ctx, tkg)
+        bt = self._prepare(st, [np.asarray(p, np.int32) for p in prompts], output_len, ctx, tkg)
+        return self._run(st, bt, record=True)[3]
+
+    def close(self) -> None:
+        self._units.clear()
+        self._tp.clear()
