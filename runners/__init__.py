@@ -14,8 +14,11 @@ from .base import Runner
 
 #: name -> (module, class, pip extra that provides its SDK or None)
 REGISTRY: dict[str, tuple[str, str, str | None]] = {
+    "command": ("runners.command", "CommandRunner", None),
     "jax": ("runners.jax_runner", "JaxRunner", None),
     "sim": ("runners.sim", "SimRunner", None),
+    "vllm": ("runners.vllm_runner", "VllmRunner", "vllm"),
+    "neuron": ("runners.neuron", "NeuronRunner", "neuron"),
 }
 
 

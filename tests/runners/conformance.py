@@ -1,0 +1,217 @@
+"""The runner conformance suite: the same tests for every backend.
+
+Use it by subclassing in a ``test_conformance_<runner>.py`` file::
+
+    from conformance import RunnerConformance
+
+    class TestMyConformance(RunnerConformance):
+        def make_target(self, *, model=None, policy="exclusive") -> Target:
+            return Target(...)  # a target of the runner under test
+
+pytest collects the subclass (its name starts with ``Test``); this base class is not
+collected. Class attributes size the work (``buckets``, ``model``, ``tp``, ``batch``,
+``max_output``, ``repeats``) so a backend that compiles for real can keep the suite fast;
+``policies`` names the bucket policies the backend is checked under. A hardware-only
+backend marks its subclass (``pytest.mark.neuron`` ...) and skips it when the hardware is
+absent. ``make_unusable_target`` (optional) gives a target the runner must construct
+without complaint but fail on first use (e.g. a program that does not exist).
+"""
+from __future__ import annotations
+
+import builtins
+import math
+import re
+import socket
+import subprocess
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from lens.errors import LensoptError, RunnerError, UserError
+from lens.probes import plan_probes, solve
+from lens.types import Candidate, ModelShape, ProfileResult, Requests, Target, Unit, WorkloadRun
+from runners import Runner, get_runner, runner_class
+
+SMALL_MODEL = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256)
+
+
+class RunnerConformance:
+    """Base class of the conformance tests; see the module docstring."""
+
+    #: candidate bucket set of the tiny plan (the largest is the longest request)
+    buckets: tuple[int, ...] = (32, 64, 128)
+    model: ModelShape = SMALL_MODEL
+    tp: int = 1
+    batch: int = 2
+    max_output: int = 16
+    repeats: int = 2
+    #: bucket policies the backend must honour
+    policies: tuple[str, ...] = ("exclusive", "inclusive")
+
+    # -- what a subclass provides ----------------------------------------------------------
+    def make_target(self, *, model: ModelShape | None = None, policy: str = "exclusive") -> Target:
+        """A target of the runner under test with ``model`` (default ``self.model``) and ``policy``."""
+        raise NotImplementedError("a conformance subclass implements make_target")
+
+    def make_unusable_target(self) -> Target | None:
+        """A target whose runner constructs fine but fails when used (None: not applicable)."""
+        return None
+
+    def other_model(self) -> ModelShape:
+        """A model that differs from ``self.model`` in a way that changes measurements."""
+        return replace(self.model, layers=self.model.layers + 1)
+
+    def bad_tp(self) -> int:
+        """A tp that divides neither heads nor kv_heads of ``self.model``."""
+        m = self.model
+        return next(t for t in range(2, 4 * m.heads + 2) if m.heads % t and m.kv_heads % t)
+
+    # -- shared, computed once per class (class-scoped fixtures are classmethods) ----------
+    @pytest.fixture(scope="class")
+    @classmethod
+    def runner(cls) -> Runner:
+        r = get_runner(cls().make_target())
+        yield r
+        r.close()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def plan(cls):
+        return plan_probes(cls.buckets, policy="exclusive", max_output=cls.max_output, repeats=cls.repeats)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def profiled(cls, runner, plan) -> ProfileResult:
+        return runner.profile(Unit(runner.target, cls.tp, cls.batch), plan)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def workload(cls) -> Requests:
+        """Requests of every bucket, short and long outputs, a short last batch."""
+        top = cls.buckets[-1]
+        lin = [1, top // 2, 3, top - 20, cls.buckets[0], 7, top // 4]
+        lout = [4, 10, 1, 18, 2, 12, 5]
+        if cls.batch > 1 and len(lin) % cls.batch == 0:
+            lin, lout = lin[:-1], lout[:-1]
+        return Requests(np.asarray(lin), np.asarray(lout))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def candidate(cls) -> Candidate:
+        return Candidate(cls.tp, cls.batch, tuple(cls.buckets), tuple(cls.buckets))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def ran(cls, runner, candidate, workload) -> WorkloadRun:
+        return runner.run_workload(candidate, workload)
+
+    # -- identity ------------------------------------------------------------------------------
+    def test_constructor_does_no_io(self, monkeypatch):
+        target = self.make_target()
+        cls = runner_class(target.runner)  # importing the backend may read files; constructing may not
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("a runner constructor did I/O")
+
+        monkeypatch.setattr(subprocess, "Popen", refuse)
+        monkeypatch.setattr(socket, "socket", refuse)
+        monkeypatch.setattr(builtins, "open", refuse)
+        runner = cls(target)
+        assert runner.target == target
+        monkeypatch.undo()
+        runner.close()
+
+    def test_unusable_target_fails_on_use_not_construction(self):
+        target = self.make_unusable_target()
+        if target is None:
+            pytest.skip("this runner has no target that constructs but cannot run")
+        runner = get_runner(target)  # must not fail yet
+        probes = plan_probes(self.buckets, policy=target.bucket_policy, max_output=self.max_output, repeats=1)
+        with pytest.raises(LensoptError):
+            runner.profile(Unit(target, self.tp, self.batch), probes)
+
+    def test_fingerprint_is_stable_and_follows_the_model(self, runner):
+        fp = runner.fingerprint()
+        assert isinstance(fp, str) and re.fullmatch(r"[0-9a-f]{8,}", fp)
+        assert get_runner(self.make_target()).fingerprint() == fp
+        assert get_runner(self.make_target(model=self.other_model())).fingerprint() != fp
+        other = "inclusive" if runner.target.bucket_policy == "exclusive" else "exclusive"
+        assert get_runner(self.make_target(policy=other)).fingerprint() != fp
+
+    def test_check_unit_rejects_a_tp_that_does_not_divide_the_heads(self, runner):
+        with pytest.raises(UserError):
+            runner.check_unit(Unit(runner.target, self.bad_tp(), self.batch))
+        runner.check_unit(Unit(runner.target, self.tp, self.batch))
+
+    # -- profile -------------------------------------------------------------------------------
+    def test_profile_returns_one_run_per_probe_in_order(self, profiled, plan):
+        assert isinstance(profiled, ProfileResult)
+        assert len(profiled.runs) == len(plan)
+        for probe, run in zip(plan, profiled.runs):
+            assert run.probe == probe
+            assert len(run.times_s) == probe.repeats
+            assert all(math.isfinite(t) and t > 0 for t in run.times_s), run
+        assert math.isfinite(profiled.compile_s) and profiled.compile_s >= 0
+        assert math.isfinite(profiled.run_s) and profiled.run_s > 0
+        assert isinstance(profiled.host, str) and profiled.host
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in profiled.versions.items())
+
+    def test_solve_gives_positive_ttft_and_tbt_for_every_bucket(self, profiled):
+        profiles = solve(profiled.runs, batch=self.batch, simulated=profiled.simulated)
+        assert sorted(profiles) == sorted(self.buckets)
+        for b, p in profiles.items():
+            assert p.ttft_s > 0 and p.tbt_s > 0, (b, p)
+            assert math.isfinite(p.ttft_s) and math.isfinite(p.tbt_s)
+
+    def test_profile_honours_each_bucket_policy(self):
+        for policy in self.policies:
+            target = self.make_target(policy=policy)
+            runner = get_runner(target)
+            try:
+                probes = plan_probes(self.buckets, policy=policy, max_output=self.max_output, repeats=1)
+                res = runner.profile(Unit(target, self.tp, self.batch), probes)
+                assert [r.probe for r in res.runs] == probes
+                assert solve(res.runs, batch=self.batch).keys() == set(self.buckets)
+            finally:
+                runner.close()
+
+    # -- workload ------------------------------------------------------------------------------
+    def test_run_workload_shapes_and_order(self, ran, workload, candidate):
+        n = len(workload)
+        assert isinstance(ran, WorkloadRun)
+        ttft, e2e = np.asarray(ran.ttft_s, dtype=float), np.asarray(ran.e2e_s, dtype=float)
+        assert ttft.shape == (n,) and e2e.shape == (n,)
+        assert np.isfinite(ttft).all() and np.isfinite(e2e).all()
+        assert (ttft > 0).all() and (e2e > 0).all()
+        assert (ttft <= e2e).all()
+        for s in range(0, n, candidate.batch):  # prompts are encoded one by one within a batch
+            assert (np.diff(ttft[s : s + candidate.batch]) >= 0).all(), ttft
+        assert math.isfinite(ran.total_s) and ran.total_s >= e2e.max() * (1 - 1e-6)
+        assert math.isfinite(ran.compile_s) and ran.compile_s >= 0
+        assert math.isfinite(ran.run_s) and ran.run_s >= 0
+
+    def test_a_request_longer_than_the_largest_bucket_is_named(self, runner, candidate):
+        top = self.buckets[-1]
+        reqs = Requests(np.asarray([4, top + 5, 3]), np.asarray([2, 2, 2]))
+        with pytest.raises(UserError, match=r"request 1\b"):
+            runner.run_workload(candidate, reqs)
+        reqs = Requests(np.asarray([4, 5, top - 2]), np.asarray([2, 2, 10]))  # prompt fits, decode leaves
+        with pytest.raises(UserError, match=r"request 2\b"):
+            runner.run_workload(candidate, reqs)
+
+    def test_simulated_flag_is_consistent(self, runner, profiled, ran):
+        assert isinstance(runner.simulated, bool)
+        assert profiled.simulated == runner.simulated
+        assert ran.simulated == runner.simulated
+        profiles = solve(profiled.runs, batch=self.batch, simulated=profiled.simulated)
+        sources = {p.source for p in profiles.values()}
+        assert sources == {"simulated" if runner.simulated else "measured"}
+
+    def test_failures_are_lensopt_errors(self, runner):
+        """A probe that leaves its bucket is refused before anything runs."""
+        from lens.types import Probe
+
+        bad = [Probe(bucket=self.buckets[0], input_len=self.buckets[-1], output_len=2, repeats=1)]
+        with pytest.raises((UserError, RunnerError)):
+            runner.profile(Unit(runner.target, self.tp, self.batch), bad)
