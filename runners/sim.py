@@ -194,6 +194,9 @@ class SimRunner(Runner):
         "host_overhead_s": (float, 0.0008),  # host time per graph call (prefill or decode step)
         "batch_overhead_s": (float, 0.002),  # host time per generate call (one static batch)
         "row_overhead_s": (float, 1e-5),  # host time per request still generating, per decode step
+        # real seconds slept per profile / run_workload call (default 0): lets tests watch a
+        # scheduler place and overlap tasks; it never enters the simulated times
+        "wall_delay_s": (float, 0.0),
     }
 
     def __init__(self, target: Target):
@@ -265,8 +268,16 @@ class SimRunner(Runner):
             )
 
     # -- profile -------------------------------------------------------------------------
+    def _wall_delay(self) -> None:
+        delay = float(self._opts.get("wall_delay_s", 0.0))
+        if delay > 0:
+            import time
+
+            time.sleep(delay)
+
     def profile(self, unit: Unit, probes: Sequence[Probe]) -> ProfileResult:
         self.check_unit(unit)
+        self._wall_delay()
         probes = list(probes)
         if not probes:
             raise UserError("sim runner: profile needs at least one probe")
@@ -317,6 +328,7 @@ class SimRunner(Runner):
     def run_workload(self, candidate: Candidate, requests: Requests) -> WorkloadRun:
         tp, B = candidate.tp, candidate.batch
         self.check_unit(Unit(self.target, tp, B))
+        self._wall_delay()
         ctx = validate_buckets(candidate.ctx_buckets, what="ctx_buckets")
         tkg = validate_buckets(candidate.tkg_buckets, what="tkg_buckets")
         self._check_memory(tp, B, max(ctx[-1], tkg[-1]))

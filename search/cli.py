@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "search.cmd_run",
     "search.cmd_profile",
     "search.cmd_cache",
+    "search.cmd_amali",
 ]
 
 

@@ -81,7 +81,7 @@ def cmd_profile(args) -> int:
         return 0
     print(f"{space.target.name}: runner {space.target.runner} on {space.target.hardware}{sim}, tp={tp} batch={batch}, fingerprint {fp}")
     rows = [[b, "measured" if b in out.measured else "reused", *r[1:]] for b, r in zip(sorted(profiles), _profiles_line(profiles))]
-    print(table(rows, ["bucket", "status", "TTFT_b", "TBT_b", "spread"]))
+    print(table(rows, ["bucket", "status", "source", "TTFT_b", "TBT_b", "spread"]))
     print(f"measured {len(out.measured)} bucket(s), reused {len(out.reused)} from the cache; "
           f"hardware seconds{sim}: compile {out.compile_s:.2f} s + run {out.run_s:.2f} s")
     return 0

@@ -23,6 +23,8 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, dest="top_k", help="candidates to confirm on the hardware (default: budget.top_k)")
     p.add_argument("--no-confirm", action="store_true", help="skip the confirmation on the hardware")
     p.add_argument("--fresh", action="store_true", help="start the run over instead of resuming it")
+    p.add_argument("--profile-all", action="store_true",
+                   help="profile every feasible unit up front (exhaustive; for small spaces or to fill a shared cache)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the front and run summary as JSON")
     p.set_defaults(func=cmd_run)
@@ -84,7 +86,7 @@ def cmd_run(args) -> int:
     try:
         res = run(args.space, results_dir=args.results, name=args.name, cache=args.cache, ray_address=args.ray_address,
                   workload=args.workload, requests=args.requests, seed=args.seed, trials=args.trials, sampler=args.sampler,
-                  confirm=not args.no_confirm, top_k=args.top_k, fresh=args.fresh,
+                  confirm=not args.no_confirm, top_k=args.top_k, fresh=args.fresh, profile_all=args.profile_all,
                   progress=not args.no_progress and sys.stderr.isatty(), log=_quiet(args))
     except KeyboardInterrupt:
         print("lensopt: interrupted; every measured unit is in the cache and every trial in the run folder: "

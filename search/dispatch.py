@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from lens.errors import UserError
 from lens.types import Candidate, Requests, Target
@@ -23,10 +23,15 @@ _BUILTIN = {"CPU": "num_cpus", "GPU": "num_gpus"}
 
 
 def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, repeats: int, max_output: int):
+    import dataclasses
+
+    import ray
+
     from search.profiler import measure_unit
 
-    return measure_unit(target, tp=tp, batch=batch, buckets=buckets, all_buckets=all_buckets,
-                        repeats=repeats, max_output=max_output)
+    m = measure_unit(target, tp=tp, batch=batch, buckets=buckets, all_buckets=all_buckets,
+                     repeats=repeats, max_output=max_output)
+    return dataclasses.replace(m, node_id=ray.get_runtime_context().get_node_id())
 
 
 def _confirm_task(target: Target, candidate: Candidate, requests: Requests):
@@ -84,7 +89,7 @@ class Dispatcher:
             ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
         else:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(num_cpus=self.num_cpus or os.cpu_count(), include_dashboard=False,
+            ray.init(address="local", num_cpus=self.num_cpus or os.cpu_count(), include_dashboard=False,
                      logging_level=logging.ERROR, log_to_driver=False)
             self._started_here = True
 
@@ -138,11 +143,14 @@ class Dispatcher:
                     yield TaskOutcome(key, value=ray.get(ref))
                 except Exception as exc:  # reported to the caller with the cause, never dropped
                     cause = getattr(exc, "cause", None) or exc
-                    yield TaskOutcome(key, error=f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}")
+                    msg = " ".join(str(cause).split())  # the whole message: summary and any stderr tail
+                    yield TaskOutcome(key, error=f"{type(cause).__name__}: {msg[:2000]}")
 
-    def profile_units(self, target: Target, units: Sequence[tuple[int, int]], *, buckets, all_buckets,
+    def profile_units(self, target: Target, units: Mapping[tuple[int, int], Sequence[int]], *, all_buckets,
                       repeats: int, max_output: int) -> Iterator[TaskOutcome]:
-        jobs = [((tp, b), tp, (target, tp, b, tuple(buckets), tuple(all_buckets), repeats, max_output)) for tp, b in units]
+        """One task per unit measuring its listed buckets (one compilation for all of them)."""
+        jobs = [((tp, b), tp, (target, tp, b, tuple(sorted(bk)), tuple(all_buckets), repeats, max_output))
+                for (tp, b), bk in units.items()]
         return self._run(_measure_task, jobs)
 
     def confirm(self, target: Target, candidates: Sequence[Candidate], requests: Requests) -> Iterator[TaskOutcome]:

@@ -55,7 +55,8 @@ class Evaluator:
 
     # -- profiles -----------------------------------------------------------------------
     def set_measured(self, unit: tuple[int, int], profiles: Mapping[int, BucketProfile]) -> None:
-        self.measured[unit] = dict(profiles)
+        """Add measured bucket profiles of a unit (a unit may hold only some buckets)."""
+        self.measured.setdefault(unit, {}).update(profiles)
         self._prior_cache.clear()  # scaling priors lean on the measured units
         self._memo.clear()
 
@@ -63,23 +64,29 @@ class Evaluator:
         self.failed[unit] = reason
         self._memo = {c: e for c, e in self._memo.items() if (c.tp, c.batch) != unit}
 
-    def is_measured(self, unit: tuple[int, int]) -> bool:
-        prof = self.measured.get(unit)
-        return bool(prof) and all(b in prof for b in self.space.space.buckets)
+    def missing(self, c: Candidate) -> list[int]:
+        """Buckets the candidate needs that its unit has no measured profile for."""
+        have = self.measured.get((c.tp, c.batch), {})
+        return [b for b in c.all_buckets if b not in have]
 
-    def _profiles(self, unit: tuple[int, int]) -> tuple[dict[int, BucketProfile] | None, str]:
-        if self.is_measured(unit):
-            prof = self.measured[unit]
-            return prof, ("simulated" if any(p.simulated for p in prof.values()) else "measured")
-        if unit not in self._prior_cache:
+    def _profiles(self, c: Candidate) -> tuple[dict[int, BucketProfile] | None, str]:
+        unit = (c.tp, c.batch)
+        have = self.measured.get(unit, {})
+        miss = self.missing(c)
+        if not miss:
+            return have, ("simulated" if any(have[b].simulated for b in c.all_buckets) else "measured")
+        key = (unit, tuple(miss))
+        if key not in self._prior_cache:
             est = None
             for prior in self.priors:
-                est = prior.estimate(unit[0], unit[1], self.space.space.buckets, self.measured)
+                est = prior.estimate(c.tp, c.batch, miss, self.measured)
                 if est:
                     break
-            self._prior_cache[unit] = est
-        est = self._prior_cache[unit]
-        return est, (next(iter(est.values())).source if est else "")
+            self._prior_cache[key] = est
+        est = self._prior_cache[key]
+        if not est:
+            return None, ""
+        return {**have, **est}, next(iter(est.values())).source
 
     # -- feasibility --------------------------------------------------------------------
     def infeasible_reason(self, c: Candidate) -> str | None:
@@ -117,7 +124,7 @@ class Evaluator:
         reason = self.infeasible_reason(c)
         if reason:
             return Evaluation(c, infeasible=reason)
-        prof, source = self._profiles((c.tp, c.batch))
+        prof, source = self._profiles(c)
         if prof is None:
             return Evaluation(c, source="", infeasible=None)
         try:

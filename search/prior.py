@@ -45,16 +45,16 @@ class ScalingPrior:
     def estimate(
         self, tp: int, batch: int, buckets: Sequence[int], measured: Mapping[tuple[int, int], Mapping[int, BucketProfile]]
     ) -> dict[int, BucketProfile] | None:
-        usable = {u: p for u, p in measured.items() if all(b in p for b in buckets)}
-        if not usable:
-            return None
-        (tp0, b0), prof = min(
-            usable.items(), key=lambda kv: (2 * abs(math.log2(kv[0][0] / tp)) + abs(math.log2(kv[0][1] / batch)), kv[0])
-        )
+        """Per bucket, the nearest measured unit that has it, scaled; None if a bucket has none."""
         w = weight_bytes(self.model, self.dtype)
         out = {}
         for b in buckets:
-            p = prof[b]
+            have = [(u, prof[b]) for u, prof in measured.items() if b in prof]
+            if not have:
+                return None
+            (tp0, b0), p = min(
+                have, key=lambda kv: (2 * abs(math.log2(kv[0][0] / tp)) + abs(math.log2(kv[0][1] / batch)), kv[0])
+            )
             kv = kv_bytes(self.model, self.dtype, b)
             step = ((w + batch * kv) / tp) / ((w + b0 * kv) / tp0)
             out[b] = dataclasses.replace(

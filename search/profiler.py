@@ -29,6 +29,10 @@ class UnitMeasurement:
     host: str
     versions: dict = field(default_factory=dict)
     simulated: bool = False
+    #: where and when it ran (the Ray node, wall-clock seconds since the epoch)
+    node_id: str = ""
+    started_at: float = 0.0
+    ended_at: float = 0.0
 
     @property
     def hardware_s(self) -> float:
@@ -53,6 +57,7 @@ def measure_unit(
     probes = plan_probes(all_buckets, policy=target.bucket_policy, profile=buckets, max_output=max_output, repeats=repeats)
     for p in probes:
         check_probe(p, sorted(set(buckets)), target.bucket_policy)
+    started = time.time()
     result = runner.profile(unit, probes)
     profiles = solve(result.runs, batch=batch, runner=runner.name, host=result.host, simulated=result.simulated)
     return UnitMeasurement(
@@ -64,6 +69,8 @@ def measure_unit(
         host=result.host,
         versions=dict(result.versions),
         simulated=result.simulated,
+        started_at=started,
+        ended_at=time.time(),
     )
 
 

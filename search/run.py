@@ -45,7 +45,9 @@ from .profiler import UnitMeasurement, store
 
 SAMPLERS = ("nsga2", "tpe", "random")
 #: candidates within this factor of the front on both objectives make their unit promising
-NEAR_FRONT = 0.10
+NEAR_FRONT = 0.0
+#: most units profiled per round: later rounds see better priors, so fewer wasted units
+UNITS_PER_ROUND = 4
 
 
 @dataclass
@@ -117,19 +119,19 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
                         f"or pass --workload FILE|NAME")
     n = requests or (spec.requests if spec else 200)
     s = seed if seed is not None else (spec.seed if spec else 0)
-    if workload is not None:
+    if workload is not None:  # overrides the source; the space's length_scale and drop_longer still apply
         req = load_workload(workload, requests=n, seed=s)
-        desc = {"source": str(workload), "requests": n, "seed": s}
+        src = workload
     else:
         src = spec.trace if spec.trace is not None else spec.distribution
         req = load_workload(src, requests=n, seed=s, input_column=spec.input_column,
                             output_column=spec.output_column, arrival_column=spec.arrival_column)
-        desc = {"source": str(src), "requests": n, "seed": s}
-        if spec.length_scale != 1.0:
-            from lens.workload import scale_lengths
+    desc = {"source": str(src), "requests": n, "seed": s}
+    if spec is not None and spec.length_scale != 1.0:
+        from lens.workload import scale_lengths
 
-            req = scale_lengths(req, spec.length_scale)
-            desc["length_scale"] = spec.length_scale
+        req = scale_lengths(req, spec.length_scale)
+        desc["length_scale"] = spec.length_scale
     max_len = space.space.buckets[-1]
     fitted, dropped = fit_to(req, max_len)
     if dropped:
@@ -185,6 +187,7 @@ def run(
     progress: bool = True,
     log: Callable[[str], None] = print,
     num_cpus: int | None = None,
+    profile_all: bool = False,
 ) -> SearchResult:
     """Search ``space``; return the Pareto front and the trials as DataFrames (see module doc)."""
     import optuna
@@ -201,6 +204,10 @@ def run(
     if k < 0:
         raise UserError(f"--top {k}: must be 0 or more")
 
+    if ray_address:
+        from .dispatch import check_address
+
+        check_address(ray_address)  # before anything is written
     run_name = name or default_run_name(sp, [workload, requests, seed, sampler])
     run_dir = Path(results_dir) / run_name
     _prepare_dir(run_dir, fresh=fresh)
@@ -225,7 +232,7 @@ def run(
             state.cache = pc
             dispatcher.start()
             state.dispatcher = dispatcher
-            state.setup()
+            state.setup(profile_all=profile_all)
             state.search(n_trials, sampler)
             front = state.front()
             conf = state.confirm(front, k) if confirm and k > 0 else _read_confirm(run_dir)
@@ -328,6 +335,7 @@ class _State:
                                      "confirm_tasks": 0}
         self.ev = Evaluator(space, reqs, unit_check=self._unit_check)
         self.trial_log: list[dict] = []
+        self.profile_tasks_this_run = 0
         self._unplaceable: dict[int, str | None] = {}
         self.study = None
 
@@ -346,7 +354,7 @@ class _State:
     def units(self) -> list[tuple[int, int]]:
         return [(t, b) for t in self.sp.space.tp for b in self.sp.space.batch]
 
-    def setup(self) -> None:
+    def setup(self, *, profile_all: bool = False) -> None:
         sp = self.sp
         prev = _load_json(self.run_dir / "run.json")
         for key in ("units_measured", "units_failed", "profile_hardware_s", "confirm_hardware_s", "profile_tasks", "confirm_tasks"):
@@ -354,8 +362,8 @@ class _State:
                 self.info[key] = prev[key] if not isinstance(prev[key], list) else [tuple(u) for u in prev[key]]
         self.info["units_measured"] = [tuple(u) for u in self.info["units_measured"]]
         for unit in self.units():
-            prof = self.cache.get_unit(self.fp, *unit)
-            if prof and all(b in prof for b in sp.space.buckets):
+            prof = {b: p for b, p in self.cache.get_unit(self.fp, *unit).items() if b in sp.space.buckets}
+            if prof:
                 self.ev.set_measured(unit, prof)
                 if unit not in self.info["units_measured"]:
                     self.info["units_reused"].append(unit)
@@ -367,13 +375,18 @@ class _State:
                  f"{' (SIMULATED)' if self.runner.simulated else ''}, fingerprint {self.fp}; "
                  f"{len(self.reqs)} requests ({self.info['workload']['source'] if 'workload' in self.info else ''}); "
                  f"{len(self.ev.measured)} of {len(self.units())} units already in the cache {self.cache_path}")
+        if profile_all:
+            todo = {u: list(sp.space.buckets) for u in self.units()
+                    if self.ev.infeasible_reason(self._full(*u)) is None}
+            self.log(f"profiling every feasible unit ({len(todo)}) as asked")
+            self.profile(todo)
         if not self.ev.measured and amali is None:
             anchor = self._anchor()
             if anchor is None:
                 raise UserError("no unit of the space is feasible: " + "; ".join(
                     f"tp{t} b{b}: {self.ev.infeasible_reason(self._full(t, b))}" for t, b in self.units()))
             self.log(f"nothing measured yet: profiling anchor unit tp={anchor[0]} batch={anchor[1]} first")
-            self.profile([anchor])
+            self.profile({anchor: list(sp.space.buckets)})
             if not self.ev.measured:
                 raise LensoptError(f"profiling the anchor unit failed: {self.ev.failed.get(anchor)}")
 
@@ -395,15 +408,19 @@ class _State:
         cap = self.sp.budget.profile_s
         return cap is None or self.info["profile_hardware_s"] < cap
 
-    def profile(self, units: list[tuple[int, int]]) -> None:
-        units = [u for u in units if not self.ev.is_measured(u) and u not in self.ev.failed]
+    def profile(self, units: dict[tuple[int, int], list[int]]) -> None:
+        """Measure the listed buckets of each unit: one Ray task (one compilation) per unit."""
+        have = self.ev.measured
+        units = {u: sorted(b for b in bk if b not in have.get(u, {})) for u, bk in units.items() if u not in self.ev.failed}
+        units = {u: bk for u, bk in units.items() if bk}
         if not units:
             return
         sp = self.sp
         bar = _bar(len(units), "profiling units", self.progress)
-        for out in self.dispatcher.profile_units(sp.target, units, buckets=sp.space.buckets, all_buckets=sp.space.buckets,
+        for out in self.dispatcher.profile_units(sp.target, units, all_buckets=sp.space.buckets,
                                                  repeats=sp.profile.repeats, max_output=sp.profile.max_output):
             self.info["profile_tasks"] += 1
+            self.profile_tasks_this_run += 1
             unit = out.key
             if out.error:
                 self.ev.set_failed(unit, out.error)
@@ -415,6 +432,9 @@ class _State:
                 self.ev.set_measured(unit, m.profiles)
                 self.info["units_measured"].append(unit)
                 self.info["profile_hardware_s"] += m.hardware_s
+                self.info.setdefault("unit_tasks", []).append(
+                    {"tp": unit[0], "batch": unit[1], "buckets": sorted(m.profiles), "node_id": m.node_id,
+                     "started_at": m.started_at, "ended_at": m.ended_at, "hardware_s": m.hardware_s})
                 sim = " simulated" if m.simulated else ""
                 self.log(f"  unit tp={unit[0]} batch={unit[1]}: {len(m.profiles)} buckets measured on {m.host}, "
                          f"{m.hardware_s:.1f}{sim} hardware-s (compile {m.compile_s:.1f} s)")
@@ -451,7 +471,8 @@ class _State:
             promising = self.promising_units()
             if promising and self.budget_left():
                 bar.clear()
-                self.log(f"profiling {len(promising)} promising unit(s): " + ", ".join(f"tp{t}xb{b}" for t, b in promising))
+                self.log(f"profiling {len(promising)} promising unit(s): " + ", ".join(
+                    f"tp{t}xb{b} [{' '.join(map(str, bk))}]" for (t, b), bk in promising.items()))
                 self.profile(promising)
                 for c in self._front_candidates(measured_only=False):
                     if (c.tp, c.batch) in promising:
@@ -514,26 +535,40 @@ class _State:
     def _front_candidates(self, *, measured_only: bool) -> list[Candidate]:
         return [e.candidate for e in self._front_of(self._evals(measured_only=measured_only))]
 
-    def promising_units(self) -> list[tuple[int, int]]:
-        """Unmeasured units of candidates on, or within NEAR_FRONT of, the current estimated front."""
+    def promising_units(self) -> dict[tuple[int, int], list[int]]:
+        """Unmeasured buckets of the units of candidates on (or within NEAR_FRONT of) the estimated front."""
         evs = self._evals(measured_only=False)
         front = self._front_of(evs)
         if not front:
-            # nothing meets the SLO yet: the units closest to meeting it are the promising ones
+            # nothing meets the SLO yet: the candidates closest to meeting it are the promising ones
             front = sorted(evs, key=lambda e: _violation_score(e, self.sp))[:3]
         fv = np.array([e.values(self.sp) for e in front]) if front else np.zeros((0, 2))
-        units = []
+        slo_reachable = bool(front) and front[0].meets_slo(self.sp)
+        out: dict[tuple[int, int], set[int]] = {}
+        gain: dict[tuple[int, int], float] = {}
         for e in evs:
             unit = (e.candidate.tp, e.candidate.batch)
-            if e.measured or unit in units or unit in self.ev.failed:
+            if e.measured or unit in self.ev.failed:
                 continue
-            if not e.meets_slo(self.sp) and front and front[0].meets_slo(self.sp):
+            if slo_reachable and not e.meets_slo(self.sp):
                 continue
             t, l = e.values(self.sp)
             near = np.any((t * (1 + NEAR_FRONT) >= fv[:, 0]) & (l * (1 - NEAR_FRONT) <= fv[:, 1])) if len(fv) else True
             if near:
-                units.append(unit)
-        return sorted(units)
+                out.setdefault(unit, set()).update(self.ev.missing(e.candidate))
+                gain[unit] = max(gain.get(unit, 0.0), self._hv_gain(e, front))
+        best = sorted(out, key=lambda u: -gain[u])[:UNITS_PER_ROUND]
+        return {u: sorted(out[u]) for u in sorted(best)}
+
+    def _hv_gain(self, e: Evaluation, front: list[Evaluation]) -> float:
+        """Hypervolume the front would lose without ``e`` (its exclusive contribution)."""
+        from .pareto import hypervolume
+
+        vals = np.array([f.values(self.sp) for f in front])
+        ref = float(vals[:, 1].max() * 1.1)
+        others = [f for f in front if f.candidate != e.candidate]
+        ov = np.array([f.values(self.sp) for f in others]) if others else np.zeros((0, 2))
+        return hypervolume(vals[:, 0], vals[:, 1], ref_latency=ref) - hypervolume(ov[:, 0], ov[:, 1], ref_latency=ref)
 
     def front(self) -> pd.DataFrame:
         evs = self._evals(measured_only=True)
@@ -616,7 +651,7 @@ class _State:
         info["units_measured"] = [list(u) for u in dict.fromkeys(map(tuple, info["units_measured"]))]
         info["units_reused"] = [list(u) for u in info["units_reused"]]
         info["trials"] = len(self.trial_log)
-        info["profile_tasks_this_run"] = self.dispatcher.tasks_dispatched if self.dispatcher else 0
+        info["profile_tasks_this_run"] = self.profile_tasks_this_run
         trials = self.trials_frame()
         trials.to_csv(rd / "trials.csv", index=False)
         _mirror_study(self.trial_log, self.sp, rd / "study.sqlite", rd.name)
@@ -754,8 +789,11 @@ def _frozen(rec: dict, sp: Space):
 
 def _mirror_study(trial_log: list[dict], sp: Space, path: Path, name: str) -> None:
     """Write the trials into an Optuna RDB file so optuna-dashboard can open it."""
+    import warnings
+
     import optuna
 
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     storage = optuna.storages.RDBStorage(f"sqlite:///{path}")
     try:
         st = optuna.load_study(study_name=name, storage=storage)

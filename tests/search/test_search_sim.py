@@ -1,0 +1,129 @@
+"""The search end to end on the simulated runner (fast, no accelerator)."""
+import json
+import subprocess
+import sys
+import time
+
+import optuna
+import pandas as pd
+import pytest
+
+from conftest import write_space
+from lens.cache import ProfileCache
+from search.cli import main
+from search.run import run
+from spaces import load_space
+
+
+def _run(space, tmp_path, **kw):
+    kw.setdefault("cache", tmp_path / "cache.sqlite")
+    kw.setdefault("results_dir", tmp_path / "results")
+    kw.setdefault("progress", False)
+    kw.setdefault("log", lambda m: None)
+    return run(space, **kw)
+
+
+def test_search_end_to_end_writes_every_result(tmp_path, ray_local):
+    res = _run(write_space(tmp_path), tmp_path)
+    front = res.front
+    assert len(front) >= 1
+    assert set(front["source"]) <= {"simulated"}  # only measured (here: simulated) profiles on the front
+    rd = res.run_dir
+    for f in ("pareto.csv", "trials.csv", "confirm.csv", "report.md", "report.html", "pareto.png", "run.json",
+              "study.sqlite", "deploy/config.json", "deploy/space.toml"):
+        assert (rd / f).exists(), f
+    info = json.loads((rd / "run.json").read_text())
+    assert info["simulated"] is True and info["state"] == "complete"
+    assert info["profile_hardware_s"] > 0 and len(info["units_measured"]) >= 1
+    assert "SIMULATED" in (rd / "report.md").read_text()
+    # the deploy space file pins the chosen configuration and loads as a space
+    pinned = load_space(rd / "deploy" / "space.toml")
+    assert pinned.space.tp == (info["chosen"]["tp"],) and pinned.space.batch == (info["chosen"]["batch"],)
+    # optuna-dashboard reads the mirrored study
+    st = optuna.load_study(study_name=rd.name, storage=f"sqlite:///{rd / 'study.sqlite'}")
+    assert len(st.trials) == info["trials"] == 40
+    conf = res.confirm
+    assert len(conf) == min(2, len(front))
+    assert (conf["throughput_tok_s_err_%"].abs() < 15).all()
+    assert res.trials.shape[0] == 40 and {"tp", "batch", "state", "source_now"} <= set(res.trials.columns)
+
+
+def test_rerun_resumes_without_losing_trials_or_reprofiling(tmp_path, ray_local):
+    space = write_space(tmp_path)
+    first = _run(space, tmp_path, name="r", trials=20, confirm=False)
+    first_params = [json.loads(x)["params"] for x in (first.run_dir / "trials.jsonl").read_text().splitlines()]
+    with ProfileCache.open(tmp_path / "cache.sqlite") as c:
+        before = c.frame()[["tp", "batch", "bucket", "measured_at"]]
+    again = _run(space, tmp_path, name="r", trials=40, confirm=False)
+    log = [json.loads(x) for x in (again.run_dir / "trials.jsonl").read_text().splitlines()]
+    assert len(log) == 40 and again.info["trials"] == 40
+    assert len(first_params) == 20
+    assert [r["params"] for r in log[:20]] == first_params  # the first 20 trials are the same ones, not redone
+    # every bucket profile measured by the first run is still the same measurement (none profiled twice)
+    with ProfileCache.open(tmp_path / "cache.sqlite") as c:
+        after = c.frame()[["tp", "batch", "bucket", "measured_at"]]
+    merged = before.merge(after, on=["tp", "batch", "bucket"], suffixes=("_before", "_after"))
+    assert len(merged) == len(before)
+    assert (merged["measured_at_before"] == merged["measured_at_after"]).all()
+
+
+def test_second_search_on_a_full_cache_profiles_nothing(tmp_path, ray_local):
+    space = write_space(tmp_path)
+    sp = load_space(space)
+    # fill the cache with every unit, as earlier searches on this target would have
+    for tp in sp.space.tp:
+        for b in sp.space.batch:
+            assert main(["profile", str(space), "--tp", str(tp), "--batch", str(b), "--cache", str(tmp_path / "cache.sqlite")]) == 0
+    other = write_space(tmp_path, "slo.toml", extra="[slo]\ne2e_p90_s = 30.0\n")
+    res = _run(other, tmp_path, workload="cnn_dailymail", requests=40, confirm=False)
+    assert res.info["profile_tasks_this_run"] == 0
+    assert res.info["units_measured"] == [] and len(res.info["units_reused"]) == 4
+    assert len(res.front) >= 1
+
+
+def test_unmeetable_slo_finishes_and_reports_nearest(tmp_path, ray_local):
+    space = write_space(tmp_path, extra="[slo]\ne2e_p90_s = 0.000001\n")
+    res = _run(space, tmp_path, confirm=False, trials=20)
+    assert res.front.empty
+    md = (res.run_dir / "report.md").read_text()
+    assert "No candidate meets the SLO" in md and "slo_e2e_p90_s_over_s" in md
+    assert res.info["slo_met"] is False
+
+
+def test_infeasible_candidates_are_recorded_not_fatal(tmp_path, ray_local):
+    # 0.3 GiB per chip: the tp=1 units cannot hold the weights (0.36 GiB), tp=2 ones can
+    space = write_space(tmp_path, extra="[hosts]\nmemory_gib_per_chip = 0.3\n")
+    res = _run(space, tmp_path, confirm=False, trials=30)
+    t = res.trials
+    bad = t[t["infeasible"].astype(str).str.contains("GiB per chip")]
+    assert len(bad) > 0 and set(bad["tp"]) == {1}
+    assert (res.front["tp"] == 2).all()
+
+
+def _cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "search.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_unreachable_ray_address_fails_fast_and_writes_nothing(tmp_path):
+    space = write_space(tmp_path)
+    t0 = time.time()
+    r = _cli("run", str(space), "--ray-address", "127.0.0.1:9", "--results", str(tmp_path / "res"),
+             "--cache", str(tmp_path / "c.sqlite"))
+    assert r.returncode == 2
+    assert "127.0.0.1:9" in r.stderr and "Traceback" not in r.stderr
+    assert time.time() - t0 < 60
+    assert not (tmp_path / "res").exists() and not (tmp_path / "c.sqlite").exists()
+
+
+def test_trace_with_a_bad_row_names_file_and_line(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("input_len,output_len\n10,5\n12,x\n")
+    space = write_space(tmp_path)
+    r = _cli("run", str(space), "--workload", str(trace), "--results", str(tmp_path / "res"), "--cache", str(tmp_path / "c.sqlite"))
+    assert r.returncode == 2
+    assert "trace.csv, line 3" in r.stderr and "output_len" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_python_api_returns_dataframes(tmp_path, ray_local):
+    res = _run(load_space(write_space(tmp_path)), tmp_path, confirm=False, trials=20)
+    assert isinstance(res.front, pd.DataFrame) and isinstance(res.trials, pd.DataFrame)
