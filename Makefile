@@ -13,15 +13,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/lensopt profile spaces/quickstart.toml --tp 1 --batch 4
-	$(VENV)/bin/lensopt predict spaces/quickstart.toml --tp 1 --batch 4 --buckets 64,128,256,512 --input-len 30,100,200,300 --output-len 90,150,40,180
-	$(VENV)/bin/lensopt measure spaces/quickstart.toml --tp 1 --batch 4 --buckets 64,128,256,512 --input-len 30,100,200,300 --output-len 90,150,40,180
+	$(VENV)/bin/lensopt run spaces/quickstart.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/accuracy.py
+	$(PY) benchmarks/search_speed.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -141,7 +141,9 @@ def predict(table: UnitTable, requests: Requests, *, mode: str = "static") -> Pr
         dec, dec_slots = _static_decode(table, lin, lout)
     else:
         dec, dec_slots = _ragged_decode(table, lin, lout, real)
-    e2e = prefill_total[:, None] + dec
+    # a one-token request is done at its own first token; the others after the batch's
+    # prefills and their decode steps
+    e2e = np.where(lout > 1, prefill_total[:, None] + dec, ttft)
     batch_s = prefill_total + dec.max(axis=1)
 
     steps = np.maximum(lout - 1, 0)

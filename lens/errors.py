@@ -46,5 +46,9 @@ class RunnerError(LensoptError):
     """A runner failed to compile or measure (hardware, SDK or program failure)."""
 
 
+class DeviceOutOfMemory(RunnerError):
+    """The unit does not fit the device's memory: deterministic, so never worth a retry."""
+
+
 class RunnerUnavailable(UserError):
     """A runner was chosen whose optional dependency is not installed."""

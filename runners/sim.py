@@ -38,7 +38,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lens.buckets import check_policy, select_index, validate_buckets
-from lens.errors import RunnerError, UserError
+from lens.errors import DeviceOutOfMemory, RunnerError, UserError
 from lens.types import Candidate, Probe, ProbeRun, ProfileResult, Requests, Target, Unit, WorkloadRun, stable_hash
 
 from .base import Runner
@@ -261,7 +261,7 @@ class SimRunner(Runner):
         usable = s.memory_bytes * USABLE_MEMORY
         if need > usable:
             gib = 1024**3
-            raise RunnerError(
+            raise DeviceOutOfMemory(
                 f"sim:{t.hardware}: out of device memory: tp {tp}, batch {batch}, longest bucket {max_len} "
                 f"needs {need / gib:.2f} GiB per {s.device} (weights/tp + KV cache), "
                 f"{usable / gib:.2f} GiB usable of {s.memory_gib:.2f} GiB; raise tp or lower batch or buckets"

@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
-from lens.errors import UserError
+from lens.errors import DeviceOutOfMemory, UserError
 from lens.types import Candidate, Requests, Target
 
 #: resources Ray names as arguments rather than in ``resources``
@@ -29,17 +29,30 @@ def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, rep
 
     from search.profiler import measure_unit
 
-    m = measure_unit(target, tp=tp, batch=batch, buckets=buckets, all_buckets=all_buckets,
-                     repeats=repeats, max_output=max_output)
+    try:
+        m = measure_unit(target, tp=tp, batch=batch, buckets=buckets, all_buckets=all_buckets,
+                         repeats=repeats, max_output=max_output)
+    except (UserError, DeviceOutOfMemory) as exc:
+        return _Permanent(f"{type(exc).__name__}: {exc}")  # will fail the same way again: no retry
     return dataclasses.replace(m, node_id=ray.get_runtime_context().get_node_id())
 
 
 def _confirm_task(target: Target, candidate: Candidate, requests: Requests):
     from runners import get_runner
 
-    runner = get_runner(target)
-    runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
-    return runner.run_workload(candidate, requests)
+    try:
+        runner = get_runner(target)
+        runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
+        return runner.run_workload(candidate, requests)
+    except (UserError, DeviceOutOfMemory) as exc:
+        return _Permanent(f"{type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True)
+class _Permanent:
+    """A failure that a retry would only repeat (bad input, out of device memory)."""
+
+    error: str
 
 
 def check_address(address: str, *, timeout_s: float = 3.0) -> None:
@@ -140,7 +153,11 @@ class Dispatcher:
             for ref in done:
                 key = pending.pop(ref)
                 try:
-                    yield TaskOutcome(key, value=ray.get(ref))
+                    value = ray.get(ref)
+                    if isinstance(value, _Permanent):
+                        yield TaskOutcome(key, error=value.error)
+                    else:
+                        yield TaskOutcome(key, value=value)
                 except Exception as exc:  # reported to the caller with the cause, never dropped
                     cause = getattr(exc, "cause", None) or exc
                     msg = " ".join(str(cause).split())  # the whole message: summary and any stderr tail

@@ -37,7 +37,7 @@ from runners import get_runner
 from spaces import Space, load_space
 
 from .dispatch import Dispatcher
-from .encoding import candidate_of, params_of, suggest
+from .encoding import all_candidates, params_of, suggest
 from .evaluate import Evaluation, Evaluator
 from .pareto import pareto_mask
 from .prior import AmaliPrior, ScalingPrior
@@ -48,6 +48,8 @@ SAMPLERS = ("nsga2", "tpe", "random")
 NEAR_FRONT = 0.0
 #: most units profiled per round: later rounds see better priors, so fewer wasted units
 UNITS_PER_ROUND = 4
+#: most bucket sets of one measured unit evaluated exhaustively
+SWEEP_CAP = 4096
 
 
 @dataclass
@@ -214,9 +216,19 @@ def run(
     if sp.path.exists():
         (run_dir / "space.toml").write_bytes(sp.path.read_bytes())
     runner = get_runner(sp.target)
-    fp = runner.fingerprint()
     cache_path = resolve_cache_path(str(cache) if cache is not None else None)
     t_start = time.time()
+    dispatcher = Dispatcher(resources_for=sp.hosts.resources_for, address=ray_address, num_cpus=num_cpus)
+    # Ray forks its daemons: start it before a runner's SDK (e.g. JAX) starts threads here
+    dispatcher.start()
+    old_handler = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        fp = runner.fingerprint()
+    except BaseException:
+        signal.signal(signal.SIGTERM, old_handler)
+        dispatcher.stop()
+        raise
     state = _State(sp, reqs, run_dir, fp, cache_path, runner, log, progress)
     state.info.update({
         "run": run_name, "space": str(sp.path), "space_sha256": sp.sha256, "fingerprint": fp,
@@ -224,13 +236,9 @@ def run(
         "simulated": bool(runner.simulated), "versions": _versions(runner), "cache": str(cache_path),
         "ray_address": ray_address or "local", "started_at": t_start,
     })
-    dispatcher = Dispatcher(resources_for=sp.hosts.resources_for, address=ray_address, num_cpus=num_cpus)
-    old_handler = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _sigterm)
     try:
         with ProfileCache.open(cache_path) as pc:
             state.cache = pc
-            dispatcher.start()
             state.dispatcher = dispatcher
             state.setup(profile_all=profile_all)
             state.search(n_trials, sampler)
@@ -268,26 +276,31 @@ def confirm_run(
     w = info.get("workload", {})
     reqs, _ = load_requests(sp, workload=w.get("source") if sp.workload is None else None,
                             requests=w.get("requests"), seed=w.get("seed"))
+    k = top_k if top_k is not None else sp.budget.top_k
+    if k < 1:
+        raise UserError(f"--top {k}: must be at least 1")
     runner = get_runner(sp.target)
-    fp = runner.fingerprint()
+    dispatcher = Dispatcher(resources_for=sp.hosts.resources_for, address=ray_address)
+    dispatcher.start()  # before the runner's SDK starts threads in this process
+    try:
+        fp = runner.fingerprint()
+    except BaseException:
+        dispatcher.stop()
+        raise
     if fp != info.get("fingerprint"):
+        dispatcher.stop()
         raise UserError(f"the target's fingerprint is now {fp}, the run was made under {info.get('fingerprint')}: "
                         f"its profiles do not apply here (other host, SDK or model); run the search again")
     cache_path = resolve_cache_path(str(cache) if cache is not None else info.get("cache"))
     front = pd.read_csv(rd / "pareto.csv")
-    k = top_k if top_k is not None else sp.budget.top_k
-    if k < 1:
-        raise UserError(f"--top {k}: must be at least 1")
     state = _State(sp, reqs, rd, fp, cache_path, runner, log, progress)
     state.info.update(info)
     state.info["confirm_hardware_s"] = 0.0
-    dispatcher = Dispatcher(resources_for=sp.hosts.resources_for, address=ray_address)
     try:
         with ProfileCache.open(cache_path, create=False) as pc:
             for tp, b in {(int(r.tp), int(r.batch)) for r in front.itertuples()}:
                 state.ev.set_measured((tp, b), pc.get_unit(fp, tp, b))
         state.front_evals = [state.ev.evaluate(_cand_from_row(front.iloc[i])) for i in range(len(front))]
-        dispatcher.start()
         state.dispatcher = dispatcher
         conf = state.confirm(front, k)
     finally:
@@ -507,11 +520,31 @@ class _State:
         self.journal.append(rec)
 
     def distinct_candidates(self) -> list[Candidate]:
+        """Every candidate a trial proposed, plus every bucket set of the measured units.
+
+        Predictions are cheap once a unit is measured, so all of its bucket sets are
+        evaluated rather than left to the sampler to stumble on (at most SWEEP_CAP per unit).
+        """
         seen = {}
         for rec in self.trial_log:
             c = _cand_from(rec["candidate"])
             seen[c] = None
+        for c in self._sweep():
+            seen[c] = None
         return list(seen)
+
+    def _sweep(self) -> list[Candidate]:
+        key = tuple(sorted((u, tuple(sorted(p))) for u, p in self.ev.measured.items()))
+        if getattr(self, "_sweep_key", None) != key:
+            out = []
+            by_unit: dict[tuple[int, int], list[Candidate]] = {}
+            for c in all_candidates(self.sp.space):
+                by_unit.setdefault((c.tp, c.batch), []).append(c)
+            for unit, prof in self.ev.measured.items():
+                cands = [c for c in by_unit.get(unit, []) if all(b in prof for b in c.all_buckets)]
+                out.extend(cands[:SWEEP_CAP])
+            self._sweep_key, self._sweep_list = key, out
+        return self._sweep_list
 
     def _evals(self, *, measured_only: bool) -> list[Evaluation]:
         out = []

@@ -122,6 +122,11 @@ def test_ragged_batch_hand_computed():
     assert p.e2e_s == pytest.approx([3.0 + 0.25, 3.0 + 0.15])
 
 
+def test_one_token_request_ends_at_its_first_token():
+    p = predict(table(batch=2), Requests([2, 2], [1, 3]))
+    assert p.e2e_s == pytest.approx([1.0, 2.0 + 0.1 + 0.2])  # contexts 3 (bucket 4), 4 (bucket 8)
+
+
 def test_separate_ctx_and_tkg_sets():
     t = table(batch=1, buckets=(8, 16), tkg=(16,))
     p = predict(t, Requests([2], [3]))
@@ -150,7 +155,7 @@ def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode):
         done = [None] * len(L)
         for i, o in enumerate(O):
             if o == 1:
-                done[i] = t
+                done[i] = tt[i]  # a one-token request ends at its own first token
         step = 1
         while any(d is None for d in done):
             active = [i for i in range(len(L)) if O[i] - 1 >= step]
