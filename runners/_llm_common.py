@@ -1,0 +1,639 @@
+"""Pure pieces shared by the runners that drive a real LLM engine (``vllm``, ``neuron``).
+
+Everything here is plain Python and numpy: option parsing, unit and request checks,
+random token-id prompts, the bookkeeping that turns engine steps into per-request times,
+the execution of probes and workloads against an *engine*, a Llama ``config.json``
+writer, and version look-ups that read package metadata and kernel files (never import
+an SDK).  The SDK calls themselves sit behind a thin engine boundary in each runner:
+
+    engine = EngineClass(spec)            # compile / load; may set compile_s and load_s
+    engine.generate_timed(prompts, output_lens) -> TimedBatch
+    engine.close()
+
+so :class:`EngineRunner` (the shared ``profile`` / ``run_workload`` flow) is exercised in
+tests with a fake engine.
+
+Timing convention (the same as the jax and sim runners): a request (l_in, l_out) yields
+exactly l_out tokens; its TTFT is measured from the start of its batch (the first request
+handed to the engine) to its first token, its E2E to its last token; a probe's time is
+the wall time of one whole batch.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from lens.buckets import check_policy, select, select_index, validate_buckets
+from lens.errors import LensoptError, RunnerError, UserError
+from lens.types import Candidate, ModelShape, Probe, ProbeRun, ProfileResult, Requests, Target, Unit, WorkloadRun
+
+from .base import Runner
+
+# -- options ---------------------------------------------------------------------------------
+
+
+def parse_options(runner: str, target: Target, schema: Mapping[str, tuple[type, Any]]) -> dict[str, Any]:
+    """``[target.options]`` checked against ``schema`` (key -> (type, default)); defaults filled in."""
+    out = {k: d for k, (_, d) in schema.items()}
+    for key, value in target.options:
+        if key not in schema:
+            raise UserError(
+                f"{runner} runner: unknown option {key!r} in [target.options] of target {target.name!r}; "
+                f"accepted: {', '.join(sorted(schema))}"
+            )
+        typ = schema[key][0]
+        ok = isinstance(value, typ) or (typ is float and isinstance(value, int))
+        if (isinstance(value, bool) and typ is not bool) or not ok:
+            raise UserError(
+                f"{runner} runner: [target.options] {key} = {value!r} must be {_TYPE_WORDS.get(typ, typ.__name__)}"
+            )
+        out[key] = float(value) if typ is float else value
+    return out
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list"}
+
+
+# -- checks ----------------------------------------------------------------------------------
+
+
+def _positive_int(x: Any) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, np.integer)) and x >= 1
+
+
+def check_llm_unit(runner: str, unit: Unit) -> None:
+    """tp and batch positive; tp must split the model's attention heads and MLP evenly.
+
+    KV heads may be fewer than tp when tp is a multiple of them: vLLM and NxD Inference
+    then replicate each KV head over tp / kv_heads ranks.
+    """
+    m, tp, b = unit.target.model, unit.tp, unit.batch
+    if not _positive_int(tp):
+        raise UserError(f"{runner} runner: tp = {tp!r} must be a positive integer")
+    if not _positive_int(b):
+        raise UserError(f"{runner} runner: batch = {b!r} must be a positive integer")
+    if m.hidden % m.heads:
+        raise UserError(f"{runner} runner: model.hidden = {m.hidden} is not a multiple of model.heads = {m.heads}")
+    if m.heads % tp:
+        raise UserError(
+            f"{runner} runner: tp = {tp} does not divide model.heads = {m.heads}; choose a tp that divides it"
+        )
+    if m.kv_heads % tp and tp % m.kv_heads:
+        raise UserError(
+            f"{runner} runner: tp = {tp} and model.kv_heads = {m.kv_heads}: one must divide the other "
+            f"(KV heads are split over tp ranks, or replicated when there are fewer of them than ranks)"
+        )
+    if m.intermediate % tp:
+        raise UserError(
+            f"{runner} runner: tp = {tp} does not divide model.intermediate = {m.intermediate}; "
+            f"choose a tp that divides it"
+        )
+
+
+def check_requests(runner: str, input_len, output_len, ctx: Sequence[int], tkg: Sequence[int], policy: str,
+                   *, labels: Sequence[str] | None = None) -> None:
+    """Every request's prompt fits a context bucket and its last decode context a generation bucket.
+
+    ``labels`` names the requests in messages (default "request <i>").
+    """
+    def name(i: int) -> str:
+        return labels[i] if labels is not None else f"request {i}"
+
+    lin = np.asarray(input_len, np.int64)
+    lout = np.asarray(output_len, np.int64)
+    bad = np.flatnonzero((lin < 1) | (lout < 1))
+    if bad.size:
+        i = int(bad[0])
+        raise UserError(f"{runner} runner: {name(i)} has input {lin[i]} / output {lout[i]} tokens; both must be >= 1")
+    bad = np.flatnonzero(select_index(lin, ctx, policy) < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise UserError(
+            f"{runner} runner: {name(i)}: input of {lin[i]} tokens fits no context-encoding bucket of "
+            f"{list(ctx)} ({policy} policy); add a larger bucket or shorten the prompt"
+        )
+    last = lin + lout - 1
+    bad = np.flatnonzero((lout > 1) & (select_index(last, tkg, policy) < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise UserError(
+            f"{runner} runner: {name(i)}: input {lin[i]} + output {lout[i]} reaches context {last[i]}, which fits "
+            f"no token-generation bucket of {list(tkg)} ({policy} policy); add a larger bucket or shorten it"
+        )
+
+
+def validate_probes(runner: str, probes: Sequence[Probe], policy: str) -> tuple[int, ...]:
+    """The sorted buckets of ``probes``; each probe must run wholly inside its own bucket."""
+    probes = list(probes)
+    if not probes:
+        raise UserError(f"{runner} runner: profile needs at least one probe")
+    buckets = validate_buckets(sorted({int(p.bucket) for p in probes}), what="probe buckets")
+    for i, p in enumerate(probes):
+        if not _positive_int(p.repeats):
+            raise UserError(f"{runner} runner: probe {i} (bucket {p.bucket}): repeats = {p.repeats}; give at least 1")
+        check_requests(runner, [p.input_len], [p.output_len], buckets, buckets, policy,
+                       labels=[f"probe {i} (bucket {p.bucket})"])
+        got = select(p.input_len, buckets, policy)
+        if got != p.bucket:
+            raise UserError(
+                f"{runner} runner: probe {i}: input_len = {p.input_len} runs in bucket {got}, not {p.bucket}, "
+                f"under the {policy} policy"
+            )
+    return buckets
+
+
+# -- prompts ---------------------------------------------------------------------------------
+
+
+def random_prompts(rng: np.random.Generator, lengths: Iterable[int], vocab: int) -> list[list[int]]:
+    """One list of random token ids per length, drawn from [1, vocab).
+
+    Fresh ids for every request, so no engine can serve a prompt from a prefix cache.
+    Id 0 is left out: it is the padding id of several tokenizers.
+    """
+    if vocab < 2:
+        raise UserError(f"model.vocab = {vocab}: a vocabulary needs at least 2 tokens")
+    return [rng.integers(1, vocab, size=int(n)).tolist() for n in lengths]
+
+
+# -- timing bookkeeping ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class TimedBatch:
+    """Per-request times (seconds from the batch's start) of one batch, and its wall time."""
+
+    ttft_s: np.ndarray
+    e2e_s: np.ndarray
+    wall_s: float
+    #: how TTFT was obtained: "metrics" (the engine's own first-token timestamps), "step"
+    #: (the host clock when the step carrying the first token returned) or "batch-prefill"
+    #: (an engine that returns every first token of a batch at once)
+    ttft_source: str = "step"
+
+
+@dataclass(frozen=True)
+class StepObservation:
+    """What one engine step says about one request."""
+
+    request_id: str
+    n_tokens: int  # tokens generated so far (cumulative)
+    finished: bool
+    #: the engine's wall-clock (time.time) timestamp of the first token, when it keeps one
+    first_token_wall: float | None = None
+
+
+class RequestClock:
+    """Turns step observations into per-request first-token and finish times.
+
+    ``t0`` is the ``time.perf_counter`` value and ``t0_wall`` the ``time.time`` value
+    taken just before the first request was handed to the engine.
+    """
+
+    def __init__(self, request_ids: Sequence[str], output_lens: Sequence[int], *, t0: float, t0_wall: float):
+        if len(request_ids) != len(output_lens):
+            raise ValueError("one output length per request id")
+        self.ids = list(request_ids)
+        self.index = {rid: i for i, rid in enumerate(self.ids)}
+        if len(self.index) != len(self.ids):
+            raise ValueError("request ids must be unique")
+        self.expected = np.asarray(output_lens, np.int64)
+        self.t0, self.t0_wall = t0, t0_wall
+        n = len(self.ids)
+        self.first = np.full(n, np.nan)
+        self.done = np.full(n, np.nan)
+        self.tokens = np.zeros(n, np.int64)
+        self.first_wall = np.full(n, np.nan)
+
+    def observe(self, now: float, observations: Iterable[StepObservation]) -> None:
+        for ob in observations:
+            i = self.index.get(ob.request_id)
+            if i is None:
+                raise RunnerError(f"the engine returned output for request {ob.request_id!r}, which this batch did not submit")
+            if ob.n_tokens > 0 and np.isnan(self.first[i]):
+                self.first[i] = now
+            if ob.first_token_wall is not None and np.isfinite(ob.first_token_wall):
+                self.first_wall[i] = float(ob.first_token_wall)
+            self.tokens[i] = max(self.tokens[i], int(ob.n_tokens))
+            if ob.finished and np.isnan(self.done[i]):
+                self.done[i] = now
+
+    @property
+    def pending(self) -> bool:
+        return bool(np.isnan(self.done).any())
+
+    def result(self) -> TimedBatch:
+        unfinished = np.flatnonzero(np.isnan(self.done))
+        if unfinished.size:
+            raise RunnerError(f"the engine stopped with {unfinished.size} request(s) of the batch unfinished")
+        wrong = np.flatnonzero(self.tokens != self.expected)
+        if wrong.size:
+            i = int(wrong[0])
+            raise RunnerError(
+                f"request {self.ids[i]} produced {self.tokens[i]} tokens, {self.expected[i]} were asked for: "
+                f"the engine stopped early (end-of-sequence not ignored, or max_model_len too small)"
+            )
+        e2e = self.done - self.t0
+        # the engine's own first-token timestamps are preferred when it keeps them for every
+        # request and they are consistent with the host's view of the batch
+        fw = self.first_wall - self.t0_wall
+        if np.isfinite(fw).all() and (fw >= -1e-3).all() and (fw <= e2e + 1e-3).all():
+            ttft, source = np.clip(fw, 0.0, None), "metrics"
+        else:
+            ttft, source = self.first - self.t0, "step"
+        return TimedBatch(ttft_s=ttft, e2e_s=e2e, wall_s=float(e2e.max()) if e2e.size else 0.0, ttft_source=source)
+
+
+def drive_steps(
+    step: Callable[[], Sequence[Any]],
+    has_unfinished: Callable[[], bool],
+    clock: RequestClock,
+    adapt: Callable[[Any], StepObservation],
+    *,
+    now: Callable[[], float] = time.perf_counter,
+    max_steps: int,
+) -> None:
+    """Call ``step`` until the engine has nothing left, feeding each step's outputs to ``clock``."""
+    steps = 0
+    while has_unfinished():
+        outs = step()
+        t = now()
+        clock.observe(t, [adapt(o) for o in outs])
+        steps += 1
+        if steps > max_steps:
+            raise RunnerError(f"the engine did not finish the batch within {max_steps} steps")
+
+
+def times_from_steps(step_times: Sequence[float], t0: float, output_lens: Sequence[int], *, wall_s: float) -> TimedBatch:
+    """Per-request times of a static batch whose engine reports one host time per generated token.
+
+    ``step_times[k]`` is when the (k+1)-th token of every row was out (the batch decodes as
+    one shape, so all rows advance together); request i ends at ``step_times[l_out_i - 1]``.
+    Every first token comes out at once, after the whole batch's prefill.
+    """
+    lo = np.asarray(output_lens, np.int64)
+    st = np.asarray(step_times, dtype=float)
+    need = int(lo.max()) if lo.size else 0
+    if st.size < need:
+        raise RunnerError(f"the engine generated {st.size} tokens per row, {need} were asked for: it stopped early")
+    if st.size and (np.diff(st) < 0).any():
+        raise RunnerError("the engine's step times go backwards")
+    if not lo.size:
+        return TimedBatch(np.zeros(0), np.zeros(0), float(wall_s), "batch-prefill")
+    rel = st - t0
+    return TimedBatch(
+        ttft_s=np.full(lo.size, rel[0]),
+        e2e_s=rel[lo - 1],
+        wall_s=float(wall_s),
+        ttft_source="batch-prefill",
+    )
+
+
+# -- probes and workloads against an engine ---------------------------------------------------
+
+
+class Engine(Protocol):
+    """The SDK boundary of one compiled unit (see the module docstring)."""
+
+    def generate_timed(self, prompts: Sequence[Sequence[int]], output_lens: Sequence[int]) -> TimedBatch: ...
+
+    def close(self) -> None: ...
+
+
+PromptFn = Callable[[Sequence[int]], list[list[int]]]
+
+
+def execute_probes(
+    engine: Engine, probes: Sequence[Probe], *, batch: int, warmup: int, prompts: PromptFn, warmed: set | None = None
+) -> tuple[list[ProbeRun], float]:
+    """Run every probe as ``batch`` identical-shape requests submitted together, ``repeats`` times.
+
+    Before the first probe of each bucket, ``warmup`` untimed runs of that probe (their
+    seconds count in the returned hardware time, not in the probe's times).  ``warmed``
+    (buckets already warm on this engine) is updated in place.
+    """
+    warmed = set() if warmed is None else warmed
+    runs: list[ProbeRun] = []
+    run_s = 0.0
+    for p in probes:
+        shape = [p.input_len] * batch
+        outs = [p.output_len] * batch
+        if p.bucket not in warmed:
+            for _ in range(warmup):
+                run_s += engine.generate_timed(prompts(shape), outs).wall_s
+            warmed.add(p.bucket)
+        times = []
+        for _ in range(p.repeats):
+            tb = engine.generate_timed(prompts(shape), outs)
+            times.append(float(tb.wall_s))
+            run_s += tb.wall_s
+        runs.append(ProbeRun(p, tuple(times)))
+    return runs, run_s
+
+
+@dataclass(frozen=True, eq=False)
+class WorkloadTimes:
+    ttft_s: np.ndarray
+    e2e_s: np.ndarray
+    total_s: float  # sum of the batches' wall times
+    run_s: float  # total_s plus untimed warm-up runs
+    ttft_sources: tuple[str, ...]
+
+
+def execute_workload(
+    engine: Engine, requests: Requests, *, batch: int, warmup: int, prompts: PromptFn
+) -> WorkloadTimes:
+    """Requests in order, in batches of ``batch`` submitted together; one batch at a time.
+
+    ``warmup`` untimed runs of the first batch come first (pass 0 on a warm engine).
+    """
+    n = len(requests)
+    lin, lout = requests.input_len, requests.output_len
+    ttft = np.zeros(n)
+    e2e = np.zeros(n)
+    total = 0.0
+    run_s = 0.0
+    sources: set[str] = set()
+    if n:
+        first = slice(0, min(batch, n))
+        for _ in range(warmup):
+            run_s += engine.generate_timed(prompts(lin[first].tolist()), lout[first].tolist()).wall_s
+    for s in range(0, n, batch):
+        sl = slice(s, min(s + batch, n))
+        tb = engine.generate_timed(prompts(lin[sl].tolist()), lout[sl].tolist())
+        if tb.ttft_s.shape != (sl.stop - sl.start,) or tb.e2e_s.shape != tb.ttft_s.shape:
+            raise RunnerError(f"the engine returned times for {tb.ttft_s.shape} requests, the batch had {sl.stop - sl.start}")
+        ttft[sl], e2e[sl] = tb.ttft_s, tb.e2e_s
+        total += tb.wall_s
+        sources.add(tb.ttft_source)
+    return WorkloadTimes(ttft, e2e, float(total), float(total + run_s), tuple(sorted(sources)))
+
+
+# -- the shared runner flow --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """One engine start: what it was for and what it cost."""
+
+    key: str
+    tp: int
+    batch: int
+    compile_s: float
+    load_s: float
+    reused_artifacts: bool = False
+    artifacts: str = ""
+
+
+class EngineRunner(Runner):
+    """``profile`` / ``run_workload`` over one engine per configuration, one engine alive at a time.
+
+    Subclasses set ``engine_class`` (the SDK boundary), ``options_schema``, and implement
+    ``require_sdk``, ``engine_spec`` (pure: returns an object with a ``key`` attribute) and
+    ``versions``.  An engine is kept while consecutive calls need the same configuration
+    and closed before another one starts (accelerator memory holds one at a time).
+    """
+
+    simulated = False
+    engine_class: Any = None
+
+    def __init__(self, target: Target):
+        super().__init__(target)
+        check_policy(target.bucket_policy)
+        self.opts = parse_options(self.name, target, self.options_schema)
+        self._engine: Any = None
+        self._engine_key: str | None = None
+        self._warmed: set = set()
+        self.engine_log: list[EngineRecord] = []
+        #: how the TTFTs of the last run_workload were obtained (see TimedBatch.ttft_source)
+        self.last_ttft_sources: tuple[str, ...] = ()
+
+    # -- hooks ---------------------------------------------------------------------------
+    def require_sdk(self) -> None:
+        """Raise ``RunnerUnavailable`` (naming the extra to install) when the SDK is missing."""
+        raise NotImplementedError
+
+    def engine_spec(self, tp: int, batch: int, ctx: Sequence[int], tkg: Sequence[int]) -> Any:
+        raise NotImplementedError
+
+    def warmup_runs(self) -> int:
+        w = self.opts.get("warmup", 1)
+        if not isinstance(w, int) or isinstance(w, bool) or w < 0:
+            raise UserError(f"{self.name} runner: option warmup = {w!r}: give a whole number of untimed runs >= 0")
+        return w
+
+    def check_unit(self, unit: Unit) -> None:
+        check_llm_unit(self.name, unit)
+
+    # -- engines -------------------------------------------------------------------------
+    def _engine_for(self, spec: Any, tp: int, batch: int) -> tuple[Any, float, float]:
+        """The engine for ``spec`` (started if needed) and the compile / load seconds it cost now."""
+        if self._engine is not None and self._engine_key == spec.key:
+            return self._engine, 0.0, 0.0
+        self._close_engine()
+        t0 = time.perf_counter()
+        try:
+            engine = self.engine_class(spec)
+        except LensoptError:
+            raise
+        except Exception as exc:  # an SDK failure is a runner failure, with its cause chained
+            raise RunnerError(f"{self.name} runner: starting the engine for tp {tp}, batch {batch} failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        elapsed = time.perf_counter() - t0
+        compile_s = getattr(engine, "compile_s", None)
+        load_s = float(getattr(engine, "load_s", 0.0) or 0.0)
+        if compile_s is None:  # an engine that cannot tell compiling from loading
+            compile_s, load_s = elapsed, 0.0
+        self._engine, self._engine_key = engine, spec.key
+        self._warmed = set()
+        self.engine_log.append(EngineRecord(
+            key=spec.key, tp=tp, batch=batch, compile_s=float(compile_s), load_s=load_s,
+            reused_artifacts=bool(getattr(engine, "reused_artifacts", False)),
+            artifacts=str(getattr(engine, "artifacts", "") or ""),
+        ))
+        return engine, float(compile_s), load_s
+
+    def _close_engine(self) -> None:
+        engine, self._engine, self._engine_key = self._engine, None, None
+        self._warmed = set()
+        if engine is not None:
+            engine.close()
+
+    def _generate(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except LensoptError:
+            raise
+        except Exception as exc:
+            raise RunnerError(f"{self.name} runner: generation failed: {type(exc).__name__}: {exc}") from exc
+
+    def _prompt_fn(self, *salt: int) -> PromptFn:
+        rng = np.random.default_rng([int(self.target.seed), *map(int, salt)])
+        vocab = self.target.model.vocab
+        return lambda lengths: random_prompts(rng, lengths, vocab)
+
+    # -- the runner interface --------------------------------------------------------------
+    def profile(self, unit: Unit, probes: Sequence[Probe]) -> ProfileResult:
+        self.require_sdk()
+        self.check_unit(unit)
+        buckets = validate_probes(self.name, probes, self.target.bucket_policy)
+        warm = self.warmup_runs()
+        spec = self.engine_spec(unit.tp, unit.batch, buckets, buckets)
+        versions = self.versions()
+        engine, compile_s, load_s = self._engine_for(spec, unit.tp, unit.batch)
+        prompts = self._prompt_fn(unit.tp, unit.batch)
+        runs, run_s = self._generate(lambda: execute_probes(
+            engine, list(probes), batch=unit.batch, warmup=warm, prompts=prompts, warmed=self._warmed))
+        return ProfileResult(runs=tuple(runs), compile_s=compile_s, run_s=run_s + load_s, host=self.host(),
+                             versions=versions, simulated=False)
+
+    def run_workload(self, candidate: Candidate, requests: Requests) -> WorkloadRun:
+        self.require_sdk()
+        ctx = validate_buckets(candidate.ctx_buckets, what="ctx_buckets")
+        tkg = validate_buckets(candidate.tkg_buckets, what="tkg_buckets")
+        self.check_unit(Unit(self.target, candidate.tp, candidate.batch))
+        check_requests(self.name, requests.input_len, requests.output_len, ctx, tkg, self.target.bucket_policy)
+        spec = self.engine_spec(candidate.tp, candidate.batch, ctx, tkg)
+        engine, compile_s, load_s = self._engine_for(spec, candidate.tp, candidate.batch)
+        # a fresh engine is warmed on the first batch; a warm one is not warmed again
+        warm = self.warmup_runs() if "workload" not in self._warmed else 0
+        self._warmed.add("workload")
+        prompts = self._prompt_fn(candidate.tp, candidate.batch, len(requests))
+        wt = self._generate(lambda: execute_workload(engine, requests, batch=candidate.batch, warmup=warm, prompts=prompts))
+        self.last_ttft_sources = wt.ttft_sources
+        return WorkloadRun(ttft_s=wt.ttft_s, e2e_s=wt.e2e_s, total_s=wt.total_s, compile_s=compile_s,
+                           run_s=wt.run_s + load_s, host=self.host(), simulated=False)
+
+    def close(self) -> None:
+        self._close_engine()
+
+
+# -- model directories -------------------------------------------------------------------------
+
+#: dtype names of the space files -> the ``torch_dtype`` string of a Hugging Face config
+_HF_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp8": "bfloat16"}
+
+
+def llama_hf_config(shape: ModelShape, *, dtype: str = "bfloat16", max_position: int = 8192,
+                    rope_theta: float = 500000.0) -> dict[str, Any]:
+    """A Hugging Face ``config.json`` (LlamaForCausalLM) for ``shape``.
+
+    Enough for engines that build the model from its config and fill it with random
+    weights (vLLM ``load_format="dummy"``); no tokenizer files are needed when prompts are
+    token ids.  No eos/bos ids: generation of a fixed length never stops on them.
+    """
+    if shape.hidden % shape.heads:
+        raise UserError(f"model.hidden = {shape.hidden} is not a multiple of model.heads = {shape.heads}")
+    if dtype not in _HF_DTYPES:
+        raise UserError(f"dtype {dtype!r} is unknown: use one of {', '.join(_HF_DTYPES)}")
+    if max_position < 1:
+        raise UserError(f"max_position = {max_position} must be positive")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "vocab_size": shape.vocab,
+        "max_position_embeddings": int(max_position),
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "rope_theta": float(rope_theta),
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "torch_dtype": _HF_DTYPES[dtype],
+    }
+
+
+def write_llama_model_dir(path: str | os.PathLike, shape: ModelShape, *, dtype: str = "bfloat16",
+                          max_position: int = 8192) -> Path:
+    """Write ``config.json`` for ``shape`` into ``path`` (created); returns the folder.
+
+    An existing ``config.json`` with other content is an error, never overwritten.
+    """
+    p = Path(path)
+    cfg = llama_hf_config(shape, dtype=dtype, max_position=max_position)
+    text = json.dumps(cfg, indent=2, sort_keys=True) + "\n"
+    f = p / "config.json"
+    if f.exists():
+        if json.loads(f.read_text()) != cfg:
+            raise UserError(f"{f} exists with another model configuration; choose an empty folder")
+        return p
+    p.mkdir(parents=True, exist_ok=True)
+    f.write_text(text)
+    return p
+
+
+# -- versions (read without importing an SDK) -----------------------------------------------
+
+
+def dist_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` (from its metadata), or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def dist_versions(names: Iterable[str]) -> dict[str, str]:
+    out = {}
+    for n in names:
+        v = dist_version(n)
+        if v is not None:
+            out[n] = v
+    return out
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def nvidia_info(root: str = "/proc/driver/nvidia") -> dict[str, str]:
+    """NVIDIA driver version and GPU models, read from procfs (no CUDA context is created)."""
+    out: dict[str, str] = {}
+    text = _read_text(os.path.join(root, "version"))
+    if text:
+        for tok in text.split():
+            parts = tok.split(".")
+            if len(parts) >= 2 and all(x.isdigit() for x in parts):
+                out["nvidia_driver"] = tok
+                break
+    models = []
+    for info in sorted(glob.glob(os.path.join(root, "gpus", "*", "information"))):
+        t = _read_text(info) or ""
+        for line in t.splitlines():
+            if line.lower().startswith("model:"):
+                models.append(line.split(":", 1)[1].strip())
+    if models:
+        out["gpus"] = f"{len(models)} x {models[0]}" if len(set(models)) == 1 else "; ".join(models)
+    return out
+
+
+def neuron_driver_version(path: str = "/sys/module/neuron/version") -> str | None:
+    text = _read_text(path)
+    return text.strip() if text else None
+
+
+def base_versions() -> dict[str, str]:
+    return {"python": platform.python_version()}

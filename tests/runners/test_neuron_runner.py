@@ -1,0 +1,328 @@
+"""The neuron runner (NxD Inference): NeuronConfig building, per-unit artifact folders and their
+reuse, deploy snippet, fingerprints, and the probe / workload flow and the conformance suite
+against a fake engine.  The real engine (``_NxdEngine``) runs only in the ``neuron``-marked
+tests, on an Inferentia/Trainium host with the Neuron SDK."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lens.errors import RunnerError, RunnerUnavailable, UserError
+from lens.probes import plan_probes, solve
+from lens.types import Candidate, ModelShape, Requests, Target, Unit
+from runners import get_runner
+from runners import neuron as nr
+from runners._llm_common import times_from_steps
+
+SHAPE = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
+SMALL = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=500)
+FAKE_VERSIONS = {"python": "3.x", "neuronx-cc": "2.0.test", "torch-neuronx": "2.x", "neuronx-distributed-inference": "0.x"}
+
+
+def target(*, shape=SHAPE, dtype="bfloat16", hardware="inf2", **opts) -> Target:
+    if "model" not in opts and "random_weights" not in opts:
+        opts["model"] = "/models/llama"
+    return Target(name="n", runner="neuron", hardware=hardware, bucket_policy="exclusive", dtype=dtype, model=shape,
+                  options=tuple(sorted(opts.items())))
+
+
+@pytest.fixture
+def fake_sdk(monkeypatch):
+    versions = dict(FAKE_VERSIONS)
+    monkeypatch.setattr(nr, "sdk_versions", lambda: dict(versions))
+    return versions
+
+
+# -- NeuronConfig ------------------------------------------------------------------------------
+
+
+def test_neuron_config_kwargs():
+    kw = nr.neuron_config_kwargs(tp=8, batch=4, ctx=(128, 512, 1024), tkg=(512, 2048), dtype="bfloat16")
+    assert kw == {
+        "tp_degree": 8, "batch_size": 4, "ctx_batch_size": 1, "tkg_batch_size": 4, "is_continuous_batching": True,
+        "seq_len": 2048, "max_context_length": 1024, "torch_dtype": "bfloat16", "padding_side": "right",
+        "enable_bucketing": True, "context_encoding_buckets": [128, 512, 1024], "token_generation_buckets": [512, 2048],
+        "on_device_sampling_config": {"top_k": 1},
+    }
+    whole = nr.neuron_config_kwargs(tp=2, batch=4, ctx=(128,), tkg=(128,), dtype="float16", batched_prefill=True,
+                                    on_device_sampling=False)
+    assert whole["ctx_batch_size"] == 4 and whole["is_continuous_batching"] is False
+    assert "on_device_sampling_config" not in whole
+    # batch 1: context and decode batches agree, no continuous-batching layout needed
+    assert nr.neuron_config_kwargs(tp=1, batch=1, ctx=(128,), tkg=(128,), dtype="bfloat16")["is_continuous_batching"] is False
+    with pytest.raises(UserError, match="dtype 'fp8'"):
+        nr.neuron_config_kwargs(tp=1, batch=1, ctx=(128,), tkg=(128,), dtype="fp8")
+
+
+def test_deploy_snippet_round_trips():
+    r = get_runner(target())
+    cand = Candidate(4, 8, (128, 512), (256, 512, 1024))
+    files = r.deploy_snippets(cand)
+    assert json.loads(files["config.json"])["batch_size"] == 8
+    cfg = json.loads(files["neuron_config.json"])
+    assert cfg == nr.deploy_config(r.target, r.opts, cand)
+    assert cfg["tp_degree"] == 4 and cfg["batch_size"] == 8 and cfg["seq_len"] == 1024
+    assert cfg["context_encoding_buckets"] == [128, 512] and cfg["token_generation_buckets"] == [256, 512, 1024]
+    assert json.loads(json.dumps(cfg)) == cfg
+
+
+# -- options ---------------------------------------------------------------------------------------
+
+
+def test_option_errors():
+    with pytest.raises(UserError, match="needs \\[target.options\\] model"):
+        get_runner(Target(name="n", runner="neuron", hardware="inf2", bucket_policy="exclusive", dtype="bfloat16",
+                          model=SHAPE))
+    with pytest.raises(UserError, match="family = 'mixtral' is unknown"):
+        get_runner(target(family="mixtral"))
+    with pytest.raises(UserError, match="not both"):
+        get_runner(target(model="/m", random_weights=True))
+    with pytest.raises(UserError, match="dtype 'fp8'"):
+        get_runner(target(dtype="fp8"))
+    with pytest.raises(UserError, match="unknown option 'tp_degree'"):
+        get_runner(target(tp_degree=8))
+    r = get_runner(target())
+    with pytest.raises(UserError, match="does not divide model.heads"):
+        r.check_unit(Unit(r.target, 5, 1))
+
+
+# -- artifacts -----------------------------------------------------------------------------------
+
+
+def test_unit_dir_and_marker(tmp_path):
+    cfg = nr.neuron_config_kwargs(tp=2, batch=4, ctx=(128, 256), tkg=(128, 256), dtype="bfloat16")
+    d = nr.unit_dir(tmp_path, "fp123", 2, 4, cfg)
+    assert d.parent == tmp_path / "fp123" and d.name.startswith("tp2_b4_")
+    other = nr.neuron_config_kwargs(tp=2, batch=4, ctx=(128, 512), tkg=(128, 512), dtype="bfloat16")
+    assert nr.unit_dir(tmp_path, "fp123", 2, 4, other) != d
+    assert not nr.artifacts_complete(d, cfg)
+    d.mkdir(parents=True)
+    assert not nr.artifacts_complete(d, cfg)  # a compilation that never finished
+    nr.write_marker(d, cfg, compile_s=12.5, versions=FAKE_VERSIONS)
+    assert nr.artifacts_complete(d, cfg)
+    assert not nr.artifacts_complete(d, other)
+    assert json.loads((d / nr.MARKER).read_text())["versions"]["neuronx-cc"] == "2.0.test"
+    (d / nr.MARKER).write_text("{not json")
+    assert not nr.artifacts_complete(d, cfg)
+
+
+def test_engine_spec_places_units_under_the_fingerprint(tmp_path, fake_sdk):
+    r = get_runner(target(artifacts_dir=str(tmp_path)))
+    s = r.engine_spec(2, 4, (128, 256), (128, 256))
+    assert Path(s.artifacts).parent == tmp_path / r.fingerprint()
+    assert Path(s.artifacts).name.startswith("tp2_b4_")
+    assert s.checkpoint == "/models/llama" and not s.random_weights
+    assert s.neuron_config["context_encoding_buckets"] == [128, 256]
+    assert r.engine_spec(2, 4, (128, 256), (128, 256)).key == s.key
+    assert r.engine_spec(2, 4, (128, 512), (128, 512)).key != s.key
+
+    rw = get_runner(target(random_weights=True, artifacts_dir=str(tmp_path)))
+    ck = Path(rw.engine_spec(1, 1, (128,), (128,)).checkpoint)
+    assert ck.parent == tmp_path / "checkpoints" and ck.name.startswith("llama_")
+
+
+# -- versions and fingerprints -------------------------------------------------------------------
+
+
+def test_fingerprint_changes_with_sdk_versions_and_options(fake_sdk):
+    a = get_runner(target()).fingerprint()
+    assert a == get_runner(target()).fingerprint()
+    assert a == get_runner(target(artifacts_dir="/elsewhere")).fingerprint()
+    assert a != get_runner(target(batched_prefill=True)).fingerprint()
+    assert a != get_runner(target(model="/models/other")).fingerprint()
+    assert a != get_runner(target(hardware="trn1")).fingerprint()
+    fake_sdk["neuronx-cc"] = "2.1.test"  # a new compiler: old profiles no longer apply
+    assert a != get_runner(target()).fingerprint()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("neuronx_distributed_inference") is not None,
+                    reason="the Neuron SDK is installed here")
+def test_without_the_sdk_using_the_runner_explains_where_the_packages_come_from():
+    r = get_runner(target())
+    for use in (r.fingerprint,
+                lambda: r.profile(Unit(r.target, 1, 1), plan_probes((128, 256), policy="exclusive")),
+                lambda: r.run_workload(Candidate(1, 1, (128,), (128,)), Requests([5], [5]))):
+        with pytest.raises(RunnerUnavailable) as exc:
+            use()
+        msg = str(exc.value)
+        assert 'lensopt[neuron]' in msg and "pip.repos.neuron.amazonaws.com" in msg and "docs/neuron.md" in msg
+        assert "neuronx-distributed-inference" in msg
+    assert "neuron_config.json" in r.deploy_snippets(Candidate(1, 1, (128,), (128,)))
+
+
+def test_sdk_versions_reads_metadata_only(monkeypatch):
+    present = {"neuronx-distributed-inference": "0.7", "torch-neuronx": "2.8", "neuronx-cc": "2.21", "torch": "2.8"}
+    monkeypatch.setattr(nr, "dist_versions", lambda names: {n: present[n] for n in names if n in present})
+    monkeypatch.setattr(nr, "neuron_driver_version", lambda: "2.24.7")
+    v = nr.sdk_versions()
+    assert v["neuronx-cc"] == "2.21" and v["neuron_driver"] == "2.24.7" and v["torch"] == "2.8"
+    del present["neuronx-cc"]
+    with pytest.raises(RunnerUnavailable, match="needs neuronx-cc"):
+        nr.sdk_versions()
+
+
+# -- timing of a static batch ------------------------------------------------------------------
+
+
+def test_times_from_steps():
+    steps = [10.5, 10.6, 10.7, 10.8]  # one host time per generated token of the batch
+    tb = times_from_steps(steps, 10.0, [1, 4, 2], wall_s=0.85)
+    assert tb.ttft_source == "batch-prefill"
+    np.testing.assert_allclose(tb.ttft_s, [0.5, 0.5, 0.5])
+    np.testing.assert_allclose(tb.e2e_s, [0.5, 0.8, 0.6])
+    assert tb.wall_s == 0.85
+    with pytest.raises(RunnerError, match="generated 2 tokens per row, 4 were asked for"):
+        times_from_steps(steps[:2], 10.0, [4], wall_s=1.0)
+    with pytest.raises(RunnerError, match="backwards"):
+        times_from_steps([2.0, 1.0], 0.0, [2], wall_s=1.0)
+
+
+# -- the runner flow with a fake engine ------------------------------------------------------------
+
+
+class FakeNxd:
+    """Compiles unless the unit's folder is complete, like the real engine; times a static batch."""
+
+    started: list["FakeNxd"] = []
+
+    def __init__(self, spec):
+        if "unusable" in spec.checkpoint:
+            raise FileNotFoundError(f"no checkpoint at {spec.checkpoint}")
+        self.spec = spec
+        self.artifacts = spec.artifacts
+        self.reused_artifacts = nr.artifacts_complete(spec.artifacts, spec.neuron_config)
+        self.compile_s = 0.0
+        if not self.reused_artifacts:
+            Path(spec.artifacts).mkdir(parents=True, exist_ok=True)
+            self.compile_s = 30.0
+            nr.write_marker(spec.artifacts, spec.neuron_config, compile_s=30.0, versions=spec.versions)
+        self.load_s = 4.0
+        self.calls = []
+        self.closed = False
+        FakeNxd.started.append(self)
+
+    def generate_timed(self, prompts, output_lens):
+        self.calls.append(([len(p) for p in prompts], list(output_lens)))
+        prefill = 1e-3 * len(prompts)
+        steps = [prefill + 5e-3 * k for k in range(max(output_lens))]
+        return times_from_steps(steps, 0.0, output_lens, wall_s=steps[-1])
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def fake_runner(monkeypatch, fake_sdk, tmp_path):
+    FakeNxd.started = []
+    monkeypatch.setattr(nr.NeuronRunner, "engine_class", FakeNxd)
+    r = get_runner(target(shape=SMALL, artifacts_dir=str(tmp_path), warmup=1))
+    yield r
+    r.close()
+
+
+def test_profile_compiles_once_then_reuses_the_unit_folder(fake_runner, monkeypatch, fake_sdk, tmp_path):
+    r = fake_runner
+    probes = plan_probes((64, 128, 256), policy="exclusive", max_output=16, repeats=2)
+    res = r.profile(Unit(r.target, 2, 4), probes)
+    assert res.compile_s == 30.0 and res.run_s >= 4.0  # loading counts as hardware time
+    assert r.engine_log[-1].reused_artifacts is False
+    prof = solve(res.runs, batch=4)
+    for p in prof.values():
+        assert p.tbt_s == pytest.approx(5e-3) and p.ttft_s == pytest.approx(1e-3)
+    # a new process (a fresh runner) finds the finished unit and does not compile again
+    r.close()
+    again = get_runner(target(shape=SMALL, artifacts_dir=str(tmp_path), warmup=1))
+    res2 = again.profile(Unit(again.target, 2, 4), probes)
+    assert res2.compile_s == 0.0
+    rec = again.engine_log[-1]
+    assert rec.reused_artifacts is True and rec.load_s == 4.0 and rec.artifacts == FakeNxd.started[0].artifacts
+    again.close()
+
+
+def test_workload_per_request_times(fake_runner):
+    r = fake_runner
+    cand = Candidate(1, 2, (64, 128), (64, 128))
+    run = r.run_workload(cand, Requests([10, 50, 100], [3, 1, 5]))
+    eng = FakeNxd.started[0]
+    assert eng.calls[1:] == [([10, 50], [3, 1]), ([100], [5])]
+    np.testing.assert_allclose(run.ttft_s, [2e-3, 2e-3, 1e-3])
+    np.testing.assert_allclose(run.e2e_s, [2e-3 + 2 * 5e-3, 2e-3, 1e-3 + 4 * 5e-3])
+    assert run.compile_s == 30.0 and r.last_ttft_sources == ("batch-prefill",)
+
+
+# -- real hardware ----------------------------------------------------------------------------------
+
+
+def _has_neuron() -> bool:
+    return importlib.util.find_spec("neuronx_distributed_inference") is not None and Path("/dev/neuron0").exists()
+
+
+@pytest.mark.neuron
+@pytest.mark.skipif(not _has_neuron(), reason="needs the Neuron SDK (neuronx-distributed-inference) and a NeuronCore")
+def test_real_nxd_inference_unit(tmp_path):
+    tiny = ModelShape(layers=2, hidden=256, heads=4, kv_heads=2, intermediate=512, vocab=1024)
+    t = Target(name="neuron-smoke", runner="neuron", hardware="inf2", bucket_policy="exclusive", dtype="bfloat16",
+               model=tiny, options=(("artifacts_dir", str(tmp_path)), ("random_weights", True)))
+    r = get_runner(t)
+    try:
+        res = r.profile(Unit(t, 1, 2), plan_probes((128, 256), policy="exclusive", max_output=16, repeats=2))
+        prof = solve(res.runs, batch=2)
+        assert all(p.tbt_s > 0 for p in prof.values())
+        run = r.run_workload(Candidate(1, 2, (128, 256), (128, 256)), Requests([10, 200], [5, 40]))
+        assert (run.e2e_s >= run.ttft_s).all()
+    finally:
+        r.close()
+
+
+# -- the conformance suite -------------------------------------------------------------------------
+
+from conformance import RunnerConformance  # noqa: E402
+
+#: a tiny model NxD Inference compiles in minutes (head_dim 64)
+CONF_MODEL = ModelShape(layers=2, hidden=256, heads=4, kv_heads=2, intermediate=512, vocab=1024)
+
+
+class TestNeuronFlowConformance(RunnerConformance):
+    """The shared runner flow of ``neuron`` (options, units, probes, workloads) with a fake engine."""
+
+    model = CONF_MODEL
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def _fake_backend(cls, tmp_path_factory):
+        cls.artifacts = str(tmp_path_factory.mktemp("neuron-artifacts"))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(nr.NeuronRunner, "engine_class", FakeNxd)
+            mp.setattr(nr, "sdk_versions", lambda: dict(FAKE_VERSIONS))
+            yield
+
+    def make_target(self, *, model: ModelShape | None = None, policy: str = "exclusive") -> Target:
+        return Target(name="conformance-neuron-fake", runner="neuron", hardware="inf2", bucket_policy=policy,
+                      dtype="bfloat16", model=model or self.model,
+                      options=(("artifacts_dir", self.artifacts), ("random_weights", True)))
+
+    def make_unusable_target(self) -> Target:
+        return Target(name="conformance-neuron-fake", runner="neuron", hardware="inf2", bucket_policy="exclusive",
+                      dtype="bfloat16", model=self.model,
+                      options=(("artifacts_dir", self.artifacts), ("model", "/fake/unusable")))
+
+
+@pytest.mark.neuron
+@pytest.mark.skipif(not _has_neuron(), reason="needs the Neuron SDK (neuronx-distributed-inference) and a NeuronCore")
+class TestNeuronHardwareConformance(RunnerConformance):
+    """The conformance suite on a NeuronCore through NxD Inference (random weights, a tiny model)."""
+
+    model = CONF_MODEL
+    buckets = (128, 256)  # NxD Inference's smallest useful buckets; each one is a compiled graph
+
+    def make_target(self, *, model: ModelShape | None = None, policy: str = "exclusive") -> Target:
+        return Target(name="conformance-neuron", runner="neuron", hardware="inf2", bucket_policy=policy,
+                      dtype="bfloat16", model=model or self.model, options=(("random_weights", True),))
+
+    def make_unusable_target(self) -> Target:
+        return Target(name="conformance-neuron-missing", runner="neuron", hardware="inf2", bucket_policy="exclusive",
+                      dtype="bfloat16", model=self.model, options=(("model", "/nonexistent/lensopt-no-checkpoint"),))

@@ -1,0 +1,676 @@
+"""The vllm runner: engine arguments per platform, deploy snippet, fingerprints, and the
+probe / workload / timing logic and the conformance suite against a fake engine.  The real
+engine (``_VllmEngine``) runs only in the ``gpu``-marked tests, on a host with vLLM and an
+NVIDIA GPU."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from lens.errors import RunnerError, RunnerUnavailable, UserError
+from lens.probes import plan_probes, solve
+from lens.types import Candidate, ModelShape, Probe, Requests, Target, Unit
+from runners import get_runner
+from runners import _llm_common as common
+from runners import vllm_runner as vr
+from runners._llm_common import RequestClock, StepObservation, TimedBatch, drive_steps
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPE = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
+SMALL = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=500)
+FAKE_VERSIONS = {"python": "3.x", "vllm": "0.0.test", "torch": "2.x", "cuda": "12.x", "gpus": "1 x Fake GPU"}
+
+
+def target(hardware="h200", *, shape=SHAPE, dtype="bfloat16", policy="inclusive", **opts) -> Target:
+    opts.setdefault("model", "/models/llama")
+    return Target(name="t", runner="vllm", hardware=hardware, bucket_policy=policy, dtype=dtype, model=shape,
+                  options=tuple(sorted(opts.items())))
+
+
+def spec(hardware="h200", tp=2, batch=8, ctx=(128, 256, 512), tkg=None, root=None, **opts):
+    t = target(hardware, **opts)
+    r = vr.VllmRunner(t)
+    return vr.build_engine_spec(t, r.opts, tp=tp, batch=batch, ctx=ctx, tkg=tkg or ctx, artifacts_root=root)
+
+
+# -- platform and engine arguments ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hw,plat", [("h200", "gpu"), ("gpu", "gpu"), ("A100-80GB", "gpu"), ("tpu-v6e", "tpu"),
+                                     ("inf2", "neuron"), ("trn1", "neuron"), ("neuron-core-v2", "neuron")])
+def test_platform_from_hardware(hw, plat):
+    assert vr.resolve_platform(hw) == plat
+
+
+def test_platform_option_wins_and_unknown_ones_fail():
+    assert vr.resolve_platform("h200", "tpu") == "tpu"
+    with pytest.raises(UserError, match="platform = 'cpu' is unknown"):
+        vr.resolve_platform("h200", "cpu")
+    with pytest.raises(UserError, match="set \\[target.options\\] platform"):
+        vr.resolve_platform("mystery-chip")
+    with pytest.raises(UserError, match="unknown"):
+        get_runner(target(platform="fpga"))
+
+
+def test_gpu_engine_arguments():
+    s = spec("h200", tp=2, batch=8, ctx=(128, 256, 512))
+    kw = s.llm_kwargs
+    assert s.platform == "gpu"
+    assert kw["tensor_parallel_size"] == 2 and kw["max_num_seqs"] == 8
+    assert kw["max_model_len"] == 513  # largest bucket + 1: vLLM counts the last token too
+    assert kw["skip_tokenizer_init"] is True and kw["load_format"] == "dummy"
+    assert kw["enable_prefix_caching"] is False
+    assert kw["compilation_config"] == {"cudagraph_capture_sizes": [8]}
+    assert "enforce_eager" not in kw and s.env == {}
+    assert vr.build_engine_spec(target(), vr.VllmRunner(target()).opts, tp=2, batch=8, ctx=(128, 256, 512),
+                                tkg=(128, 256, 512)).key == s.key
+    assert spec(tp=2, batch=4).key != s.key
+
+
+def test_gpu_cuda_graph_modes():
+    assert spec(cuda_graphs="off").llm_kwargs["enforce_eager"] is True
+    kw = spec(cuda_graphs="default").llm_kwargs
+    assert "compilation_config" not in kw and "enforce_eager" not in kw
+    with pytest.raises(UserError, match="cuda_graphs"):
+        spec(cuda_graphs="sometimes")
+
+
+def test_max_model_len_follows_the_largest_of_both_sets():
+    s = spec(ctx=(128, 256), tkg=(128, 256, 1024))
+    assert s.llm_kwargs["max_model_len"] == 1025
+
+
+def test_fp8_is_gpu_only():
+    assert spec(dtype="fp8").llm_kwargs["quantization"] == "fp8"
+    with pytest.raises(UserError, match="fp8"):
+        spec("tpu-v5e", dtype="fp8")
+
+
+def test_tpu_padding_ladder():
+    assert vr.tpu_ladder(0, 512) == (16, 32, 64, 128, 256, 512)
+    # vLLM's documented example: max 512, gap 64
+    assert vr.tpu_ladder(64, 512) == (16, 32, 64, 128, 192, 256, 320, 384, 448, 512)
+    assert vr.tpu_padding_gap([128, 256, 512]) == 0
+    assert vr.tpu_padding_gap([128, 256, 384, 512]) == 128
+    assert vr.tpu_padding_gap([512, 1024, 1536, 2048]) == 512
+    with pytest.raises(UserError, match="padding ladder"):
+        vr.tpu_padding_gap([100, 200])
+    with pytest.raises(UserError, match="padding ladder"):
+        vr.tpu_padding_gap([8, 16])
+
+
+def test_tpu_engine_arguments():
+    s = spec("tpu-v6e", tp=4, batch=8, ctx=(128, 256, 384, 512))
+    assert s.platform == "tpu"
+    assert s.env == {"VLLM_TPU_BUCKET_PADDING_GAP": "128"}
+    assert s.llm_kwargs["max_num_batched_tokens"] == 512
+    assert "compilation_config" not in s.llm_kwargs
+    assert spec("tpu-v6e", ctx=(128, 256, 512)).env["VLLM_TPU_BUCKET_PADDING_GAP"] == "0"
+    assert spec("tpu-v6e", max_num_batched_tokens=2048).llm_kwargs["max_num_batched_tokens"] == 2048
+
+
+def test_neuron_engine_arguments(tmp_path):
+    s = spec("inf2", tp=2, batch=4, ctx=(128, 512), tkg=(128, 256, 512), root=tmp_path)
+    nc = s.llm_kwargs["additional_config"]["override_neuron_config"]
+    assert nc == {"enable_bucketing": True, "context_encoding_buckets": [128, 512],
+                  "token_generation_buckets": [128, 256, 512], "max_context_length": 512, "seq_len": 512}
+    assert s.llm_kwargs["num_gpu_blocks_override"] == 4
+    assert "override_neuron_config" not in s.llm_kwargs
+    art = Path(s.env["NEURON_COMPILED_ARTIFACTS"])
+    assert art.parent == tmp_path and art.name.startswith("tp2_b4_")
+    other = spec("inf2", tp=2, batch=4, ctx=(128, 512), tkg=(128, 512), root=tmp_path)
+    assert other.env["NEURON_COMPILED_ARTIFACTS"] != str(art)  # one folder per configuration
+
+    legacy = spec("inf2", neuron_integration="legacy", ctx=(128, 512))
+    assert legacy.llm_kwargs["override_neuron_config"]["context_encoding_buckets"] == [128, 512]
+    assert "additional_config" not in legacy.llm_kwargs
+    assert "NEURON_COMPILED_ARTIFACTS" not in legacy.env  # no root given: nothing kept
+    with pytest.raises(UserError, match="neuron_integration"):
+        spec("inf2", neuron_integration="other")
+
+
+# -- options and units ------------------------------------------------------------------------------
+
+
+def test_missing_model_option():
+    t = Target(name="t", runner="vllm", hardware="h200", bucket_policy="inclusive", dtype="bfloat16", model=SHAPE)
+    with pytest.raises(UserError, match="no \\[target.options\\] model"):
+        get_runner(t)
+
+
+def test_unknown_and_mistyped_options():
+    with pytest.raises(UserError, match="unknown option 'tensor_parallel'"):
+        get_runner(target(tensor_parallel=2))
+    with pytest.raises(UserError, match="warmup = 'two' must be an integer"):
+        get_runner(target(warmup="two"))
+    with pytest.raises(UserError, match="must be a number"):
+        get_runner(target(gpu_memory_utilization=True))
+
+
+def test_check_unit():
+    r = get_runner(target())
+    r.check_unit(Unit(r.target, 8, 4))
+    r.check_unit(Unit(r.target, 16, 1))  # 8 KV heads replicated over 16 ranks
+    with pytest.raises(UserError, match="does not divide model.heads"):
+        r.check_unit(Unit(r.target, 3, 1))
+    with pytest.raises(UserError, match="batch"):
+        r.check_unit(Unit(r.target, 1, 0))
+    with pytest.raises(UserError, match="tp"):
+        r.check_unit(Unit(r.target, True, 1))
+
+
+def test_kv_heads_must_split_or_replicate_evenly():
+    shape = ModelShape(layers=2, hidden=640, heads=20, kv_heads=4, intermediate=2560, vocab=1000)
+    r = get_runner(target(shape=shape))
+    with pytest.raises(UserError, match="kv_heads = 4"):
+        r.check_unit(Unit(r.target, 10, 1))  # 10 ranks: neither 4 % 10 nor 10 % 4
+    r.check_unit(Unit(r.target, 4, 1))
+
+
+# -- versions and fingerprints -------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_sdk(monkeypatch):
+    versions = dict(FAKE_VERSIONS)
+    monkeypatch.setattr(vr, "sdk_versions", lambda platform: dict(versions, platform_seen=platform))
+    return versions
+
+
+def test_fingerprint_changes_with_versions_and_options(fake_sdk):
+    a = get_runner(target()).fingerprint()
+    assert a == get_runner(target()).fingerprint()
+    assert a == get_runner(target(artifacts_dir="/elsewhere")).fingerprint()  # where files go is not a measurement
+    assert a != get_runner(target(cuda_graphs="off")).fingerprint()
+    assert a != get_runner(target(model="/models/other")).fingerprint()
+    assert a != get_runner(target(load_format="auto")).fingerprint()
+    assert a != get_runner(target(dtype="float16")).fingerprint()
+    assert a != get_runner(target("h100")).fingerprint()
+    fake_sdk["vllm"] = "0.0.other"
+    assert a != get_runner(target()).fingerprint()
+    fake_sdk["vllm"] = FAKE_VERSIONS["vllm"]
+    fake_sdk["nvidia_driver"] = "999.1"
+    assert a != get_runner(target()).fingerprint()
+
+
+def test_versions_include_the_platform_stack(fake_sdk):
+    v = get_runner(target("tpu-v5e")).versions()
+    assert v["vllm"] == "0.0.test" and v["platform_seen"] == "tpu"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_without_vllm_using_the_runner_says_which_extra_to_install():
+    r = get_runner(target())  # constructing does no I/O and needs no SDK
+    for use in (r.fingerprint, r.versions,
+                lambda: r.profile(Unit(r.target, 1, 1), plan_probes((128, 256), policy="inclusive")),
+                lambda: r.run_workload(Candidate(1, 1, (128,), (128,)), Requests([5], [5]))):
+        with pytest.raises(RunnerUnavailable, match=r'pip install "lensopt\[vllm\]"'):
+            use()
+    assert "vllm_serve.sh" in r.deploy_snippets(Candidate(1, 1, (128,), (128,)))  # pure: works anyway
+
+
+def test_nvidia_info_reads_procfs(tmp_path):
+    (tmp_path / "gpus" / "0000:01:00.0").mkdir(parents=True)
+    (tmp_path / "gpus" / "0000:02:00.0").mkdir(parents=True)
+    (tmp_path / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 2024\n")
+    for d in (tmp_path / "gpus").iterdir():
+        (d / "information").write_text("Model: \t\t NVIDIA H200\nIRQ: 1\n")
+    info = common.nvidia_info(str(tmp_path))
+    assert info == {"nvidia_driver": "550.54.15", "gpus": "2 x NVIDIA H200"}
+    assert common.nvidia_info(str(tmp_path / "absent")) == {}
+
+
+# -- deploy snippet --------------------------------------------------------------------------------
+
+
+def serve_flags(script: str) -> tuple[list[str], dict[str, str]]:
+    line = [ln for ln in script.splitlines() if ln.startswith("exec vllm serve ")]
+    assert len(line) == 1
+    argv = shlex.split(line[0])[1:]
+    assert argv[:2] == ["vllm", "serve"]
+    flags, i = {}, 3
+    while i < len(argv):
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            flags[argv[i]] = argv[i + 1]
+            i += 2
+        else:
+            flags[argv[i]] = ""
+            i += 1
+    return argv, flags
+
+
+def test_deploy_snippet_gpu():
+    r = get_runner(target())
+    files = r.deploy_snippets(Candidate(2, 16, (128, 256, 512), (128, 256, 512)))
+    assert json.loads(files["config.json"])["tp"] == 2
+    script = files["vllm_serve.sh"]
+    assert script.startswith("#!/bin/sh\n")
+    argv, flags = serve_flags(script)
+    assert argv[2] == "/models/llama"
+    assert flags["--tensor-parallel-size"] == "2"
+    assert flags["--max-num-seqs"] == "16"
+    assert flags["--max-model-len"] == "513"
+    assert flags["--dtype"] == "bfloat16"
+    assert json.loads(flags["--compilation-config"]) == {"cudagraph_capture_sizes": [16]}
+    assert "--load-format" not in flags  # a deployment serves the real weights
+    assert "random weights" in script
+
+
+def test_deploy_snippet_quotes_paths_with_spaces():
+    r = get_runner(target(model="/models/my llama"))
+    argv, _ = serve_flags(r.deploy_snippets(Candidate(1, 1, (128,), (128,)))["vllm_serve.sh"])
+    assert argv[2] == "/models/my llama"
+
+
+def test_deploy_snippet_eager_tpu_and_neuron():
+    _, flags = serve_flags(get_runner(target(cuda_graphs="off")).deploy_snippets(
+        Candidate(1, 4, (128,), (128,)))["vllm_serve.sh"])
+    assert "--enforce-eager" in flags and "--compilation-config" not in flags
+
+    script = get_runner(target("tpu-v6e")).deploy_snippets(Candidate(4, 8, (256, 512), (256, 512)))["vllm_serve.sh"]
+    assert "export VLLM_TPU_BUCKET_PADDING_GAP=0" in script.splitlines()
+    _, flags = serve_flags(script)
+    assert flags["--max-num-batched-tokens"] == "512"
+
+    cand = Candidate(2, 4, (128, 512), (128, 256, 512))
+    script = get_runner(target("inf2")).deploy_snippets(cand)["vllm_serve.sh"]
+    _, flags = serve_flags(script)
+    nc = json.loads(flags["--additional-config"])["override_neuron_config"]
+    assert nc["context_encoding_buckets"] == [128, 512] and nc["token_generation_buckets"] == [128, 256, 512]
+    assert flags["--num-gpu-blocks-override"] == "4"
+    _, flags = serve_flags(get_runner(target("inf2", neuron_integration="legacy")).deploy_snippets(cand)["vllm_serve.sh"])
+    assert json.loads(flags["--override-neuron-config"])["enable_bucketing"] is True
+
+
+# -- timing bookkeeping (the step loop) ---------------------------------------------------------
+
+
+def request_output(rid, n, finished, first_token_time=None):
+    metrics = None if first_token_time is None else SimpleNamespace(first_token_time=first_token_time)
+    return SimpleNamespace(request_id=rid, outputs=[SimpleNamespace(token_ids=list(range(n)))], finished=finished,
+                           metrics=metrics)
+
+
+def test_observe_request_output():
+    ob = vr.observe_request_output(request_output("a", 3, False, 12.5))
+    assert ob == StepObservation("a", 3, False, 12.5)
+    ob = vr.observe_request_output(SimpleNamespace(request_id="b", outputs=[], finished=False, metrics=None))
+    assert ob.n_tokens == 0 and ob.first_token_wall is None
+
+
+class ScriptedEngine:
+    """A stand-in for vLLM's LLMEngine: per step, a list of RequestOutputs and the time it returns."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.clock = 100.0
+
+    def step(self):
+        t, outs = self.script.pop(0)
+        self.clock = t
+        return outs
+
+    def has_unfinished(self):
+        return bool(self.script)
+
+
+def test_step_loop_times_from_the_host_clock():
+    eng = ScriptedEngine([
+        (100.5, []),  # a prefill chunk: nothing out yet
+        (101.0, [request_output("a", 1, False), request_output("b", 1, False)]),
+        (101.2, [request_output("a", 2, True), request_output("b", 2, False)]),
+        (101.4, [request_output("b", 3, True)]),
+    ])
+    clock = RequestClock(["a", "b"], [2, 3], t0=100.0, t0_wall=5000.0)
+    drive_steps(eng.step, eng.has_unfinished, clock, vr.observe_request_output, now=lambda: eng.clock, max_steps=10)
+    tb = clock.result()
+    assert tb.ttft_source == "step"
+    np.testing.assert_allclose(tb.ttft_s, [1.0, 1.0])
+    np.testing.assert_allclose(tb.e2e_s, [1.2, 1.4])
+    assert tb.wall_s == pytest.approx(1.4)
+
+
+def test_step_loop_prefers_the_engines_first_token_times():
+    eng = ScriptedEngine([
+        (101.0, [request_output("a", 1, False, 5000.7), request_output("b", 1, False, 5000.8)]),
+        (101.2, [request_output("a", 2, True, 5000.7), request_output("b", 2, True, 5000.8)]),
+    ])
+    clock = RequestClock(["a", "b"], [2, 2], t0=100.0, t0_wall=5000.0)
+    drive_steps(eng.step, eng.has_unfinished, clock, vr.observe_request_output, now=lambda: eng.clock, max_steps=10)
+    tb = clock.result()
+    assert tb.ttft_source == "metrics"
+    np.testing.assert_allclose(tb.ttft_s, [0.7, 0.8])
+    np.testing.assert_allclose(tb.e2e_s, [1.2, 1.2])
+
+
+def test_step_loop_errors():
+    # stopped early: one token short
+    eng = ScriptedEngine([(101.0, [request_output("a", 1, True)])])
+    clock = RequestClock(["a"], [2], t0=100.0, t0_wall=0.0)
+    drive_steps(eng.step, eng.has_unfinished, clock, vr.observe_request_output, now=lambda: eng.clock, max_steps=5)
+    with pytest.raises(RunnerError, match="produced 1 tokens, 2 were asked for"):
+        clock.result()
+    # a request of another batch
+    eng = ScriptedEngine([(101.0, [request_output("zz", 1, False)])])
+    with pytest.raises(RunnerError, match="did not submit"):
+        drive_steps(eng.step, eng.has_unfinished, RequestClock(["a"], [1], t0=0, t0_wall=0),
+                    vr.observe_request_output, now=lambda: eng.clock, max_steps=5)
+    # never finishing
+    with pytest.raises(RunnerError, match="within 3 steps"):
+        drive_steps(lambda: [], lambda: True, RequestClock(["a"], [1], t0=0, t0_wall=0),
+                    vr.observe_request_output, now=lambda: 1.0, max_steps=3)
+    # the loop ended with a request unfinished
+    with pytest.raises(RunnerError, match="unfinished"):
+        RequestClock(["a"], [1], t0=0, t0_wall=0).result()
+
+
+# -- probes and workloads with a fake engine --------------------------------------------------------
+
+PREFILL_S = 1e-3  # per request, plus PER_TOKEN_S per prompt token
+PER_TOKEN_S = 2e-6
+STEP_S = 4e-3  # one decode step of the batch
+
+
+class FakeEngine:
+    """A static-batch machine: prompts encoded one by one, then the batch decodes together."""
+
+    started: list["FakeEngine"] = []
+    per_token_s = PER_TOKEN_S
+
+    def __init__(self, spec):
+        if "unusable" in str(spec.llm_kwargs["model"]):
+            raise FileNotFoundError(f"no model at {spec.llm_kwargs['model']}")
+        self.spec = spec
+        self.calls: list[tuple[list[list[int]], list[int]]] = []
+        self.closed = False
+        self.compile_s = 7.0
+        FakeEngine.started.append(self)
+
+    def generate_timed(self, prompts, output_lens):
+        self.calls.append(([list(p) for p in prompts], list(output_lens)))
+        pre = np.cumsum([PREFILL_S + self.per_token_s * len(p) for p in prompts])
+        e2e = pre[-1] + (np.asarray(output_lens) - 1) * STEP_S
+        return TimedBatch(pre, e2e, float(e2e.max()), "step")
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def fake_runner(monkeypatch, fake_sdk):
+    FakeEngine.started = []
+    monkeypatch.setattr(vr.VllmRunner, "engine_class", FakeEngine)
+    r = get_runner(target(shape=SMALL, warmup=1))
+    yield r
+    r.close()
+
+
+def test_profile_runs_each_probe_as_a_full_batch(fake_runner):
+    r = fake_runner
+    buckets = (64, 128, 256)
+    probes = plan_probes(buckets, policy="inclusive", max_output=32, repeats=3)
+    res = r.profile(Unit(r.target, 1, 4), probes)
+    assert len(FakeEngine.started) == 1
+    eng = FakeEngine.started[0]
+    assert eng.spec.llm_kwargs["max_num_seqs"] == 4 and eng.spec.llm_kwargs["max_model_len"] == 257
+    assert res.compile_s == 7.0 and res.versions["vllm"] == "0.0.test" and not res.simulated
+    # one warm-up per bucket, then `repeats` timed runs per probe
+    assert len(eng.calls) == len(buckets) + 3 * len(probes)
+    for prompts, outs in eng.calls:
+        assert len(prompts) == 4 and len(set(map(len, prompts))) == 1 and len(set(outs)) == 1
+        assert all(1 <= tok < SMALL.vocab for p in prompts for tok in p)
+    assert [len(run.times_s) for run in res.runs] == [3] * len(probes)
+    assert res.run_s == pytest.approx(sum(sum(run.times_s) for run in res.runs)
+                                      + sum(res.runs[2 * k].times_s[0] for k in range(len(buckets))))
+    # the solve recovers the fake machine's per-request prefill and decode step
+    prof = solve(res.runs, batch=4)
+    for p in probes:
+        assert prof[p.bucket].tbt_s == pytest.approx(STEP_S)
+        assert prof[p.bucket].ttft_s == pytest.approx(PREFILL_S + PER_TOKEN_S * p.input_len)
+
+
+def test_engine_is_reused_for_the_same_configuration_and_replaced_otherwise(fake_runner):
+    r = fake_runner
+    probes = plan_probes((64, 128), policy="inclusive", max_output=8, repeats=1)
+    first = r.profile(Unit(r.target, 1, 2), probes)
+    again = r.profile(Unit(r.target, 1, 2), probes)
+    assert len(FakeEngine.started) == 1 and first.compile_s == 7.0 and again.compile_s == 0.0
+    n_calls = len(FakeEngine.started[0].calls)
+    assert n_calls == 2 + 2 * 2 + 2 * 2  # warm-ups only the first time
+    r.profile(Unit(r.target, 1, 4), probes)
+    assert len(FakeEngine.started) == 2 and FakeEngine.started[0].closed and not FakeEngine.started[1].closed
+    assert [rec.batch for rec in r.engine_log] == [2, 4]
+    r.close()
+    assert FakeEngine.started[1].closed
+
+
+def test_profile_rejects_probes_that_leave_their_bucket(fake_runner):
+    r = fake_runner
+    with pytest.raises(UserError, match="runs in bucket 128, not 64"):
+        r.profile(Unit(r.target, 1, 1), [Probe(bucket=64, input_len=70, output_len=2),
+                                         Probe(bucket=128, input_len=100, output_len=2)])
+    with pytest.raises(UserError, match="probe 0 \\(bucket 64\\): input 10 \\+ output 60 .* fits no token-generation"):
+        r.profile(Unit(r.target, 1, 1), [Probe(bucket=64, input_len=10, output_len=60)])
+    with pytest.raises(UserError, match="at least one probe"):
+        r.profile(Unit(r.target, 1, 1), [])
+    assert FakeEngine.started == []  # nothing started for a bad request
+
+
+def test_workload_runs_in_order_in_static_batches(fake_runner):
+    r = fake_runner
+    lin = np.array([10, 50, 100, 3, 200, 60, 7])
+    lout = np.array([5, 1, 20, 9, 30, 2, 4])
+    cand = Candidate(1, 3, (64, 128, 256), (64, 128, 256))
+    run = r.run_workload(cand, Requests(lin, lout))
+    eng = FakeEngine.started[0]
+    timed = eng.calls[1:]  # the first call warms the engine on the first batch
+    assert eng.calls[0][1] == [5, 1, 20]
+    assert [[len(p) for p in prompts] for prompts, _ in timed] == [[10, 50, 100], [3, 200, 60], [7]]
+    assert [outs for _, outs in timed] == [[5, 1, 20], [9, 30, 2], [4]]
+    exp_ttft, exp_e2e, total = [], [], 0.0
+    for s in range(0, 7, 3):
+        pre = np.cumsum(PREFILL_S + PER_TOKEN_S * lin[s:s + 3])
+        e2e = pre[-1] + (lout[s:s + 3] - 1) * STEP_S
+        exp_ttft += list(pre)
+        exp_e2e += list(e2e)
+        total += e2e.max()
+    np.testing.assert_allclose(run.ttft_s, exp_ttft)
+    np.testing.assert_allclose(run.e2e_s, exp_e2e)
+    assert run.total_s == pytest.approx(total)
+    assert run.run_s > run.total_s  # the warm-up batch is hardware time too
+    assert run.compile_s == 7.0 and r.last_ttft_sources == ("step",)
+    # the same candidate again: the warm engine is neither restarted nor warmed again
+    again = r.run_workload(cand, Requests(lin[:3], lout[:3]))
+    assert again.compile_s == 0.0 and len(FakeEngine.started) == 1 and len(eng.calls) == 5
+
+
+def test_workload_rejects_requests_that_fit_no_bucket(fake_runner):
+    r = fake_runner
+    cand = Candidate(1, 2, (64, 128), (64, 128))
+    with pytest.raises(UserError, match="request 1: input of 129 tokens fits no context-encoding bucket"):
+        r.run_workload(cand, Requests([5, 129], [2, 2]))
+    with pytest.raises(UserError, match="reaches context 130"):
+        r.run_workload(cand, Requests([100], [31]))
+    with pytest.raises(UserError, match="tp = 3 does not divide"):
+        r.run_workload(Candidate(3, 1, (64,), (64,)), Requests([5], [2]))
+
+
+def test_sdk_failures_become_runner_errors(fake_runner, monkeypatch):
+    class Broken(FakeEngine):
+        def __init__(self, spec):
+            raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(vr.VllmRunner, "engine_class", Broken)
+    with pytest.raises(RunnerError, match="starting the engine for tp 1, batch 1 failed: RuntimeError: CUDA out of memory"):
+        fake_runner.run_workload(Candidate(1, 1, (64,), (64,)), Requests([5], [2]))
+
+
+# -- model folders -------------------------------------------------------------------------------
+
+
+def test_llama_config_and_model_dir(tmp_path):
+    cfg = common.llama_hf_config(SHAPE, dtype="bfloat16", max_position=2049)
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_key_value_heads"] == 8
+    assert cfg["hidden_size"] == 2048 and cfg["head_dim"] == 64 and cfg["max_position_embeddings"] == 2049
+    assert "eos_token_id" not in cfg
+    d = common.write_llama_model_dir(tmp_path / "m", SHAPE, max_position=2049)
+    assert json.loads((d / "config.json").read_text()) == cfg
+    assert common.write_llama_model_dir(tmp_path / "m", SHAPE, max_position=2049) == d  # same content: fine
+    with pytest.raises(UserError, match="another model configuration"):
+        common.write_llama_model_dir(tmp_path / "m", SMALL)
+
+
+# -- the GPU check script ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_check():
+    path = ROOT / "benchmarks" / "gpu" / "vllm_check.py"
+    spec_ = importlib.util.spec_from_file_location("vllm_check", path)
+    mod = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mod)
+    return mod
+
+
+def test_check_script_pure_parts(vllm_check):
+    assert vllm_check.parse_units("1x1, 1x4,2X8") == [(1, 1), (1, 4), (2, 8)]
+    with pytest.raises(UserError):
+        vllm_check.parse_units("1x")
+    assert vllm_check.parse_buckets("128,256") == (128, 256)
+    rng = np.random.default_rng(0)
+    buckets = (128, 256, 512)
+    avoid = {(129, 5)}
+    req = vllm_check.held_out_requests(rng, buckets, "inclusive", 300, max_output=64, avoid=avoid)
+    assert len(req) == 300
+    assert (req.input_len >= 1).all() and (req.input_len <= 512).all()
+    assert (req.output_len >= 1).all() and (req.output_len <= 64).all()
+    assert (req.input_len + req.output_len - 1 <= 512).all()
+    assert not any((int(a), int(b)) in avoid for a, b in zip(req.input_len, req.output_len))
+    per_bucket = np.bincount(np.searchsorted(buckets, req.input_len), minlength=3)
+    assert (per_bucket > 60).all()  # spread over every bucket
+    st = vllm_check.error_stats([0.01, -0.02, 0.10])
+    assert st["mean"] == pytest.approx(13 / 3) and st["max"] == pytest.approx(10) and st["under5"] == pytest.approx(200 / 3)
+    t = vllm_check.make_target("/m")
+    assert t.runner == "vllm" and dict(t.options)["load_format"] == "dummy" and dict(t.options)["platform"] == "gpu"
+    get_runner(t)  # its options pass the runner's schema
+
+
+def test_check_script_end_to_end_with_a_fake_engine(vllm_check, monkeypatch, tmp_path, fake_sdk, capsys):
+    class FlatEngine(FakeEngine):  # prefill cost independent of the prompt length
+        per_token_s = 0.0
+
+    FakeEngine.started = []
+    monkeypatch.setattr(vr.VllmRunner, "engine_class", FlatEngine)
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    rc = vllm_check.main(["--units", "1x1,1x4", "--buckets", "64,128,256", "--batches", "2", "--runs", "2",
+                          "--repeats", "2", "--max-output", "16", "--held-out-output", "32",
+                          "--model-dir", str(tmp_path / "model")])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "E2E mean %" in text and "tp1 b4" in text and "all" in text
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["num_hidden_layers"] == 16
+    rows = list(csv.DictReader(open(tmp_path / "out" / "vllm_check.csv")))
+    assert len(rows) == 2 * 1 + 2 * 4
+    assert {"e2e_err_static", "e2e_err_ragged", "ttft_err_static"} <= set(rows[0])
+    prof = list(csv.DictReader(open(tmp_path / "out" / "vllm_check_profiles.csv")))
+    assert len(prof) == 2 * 3
+    # a flat static-batch machine is what the static mode composes: its E2E and TTFT are exact
+    assert max(abs(float(r["e2e_err_static"])) for r in rows) < 1e-6
+    assert max(abs(float(r["ttft_err_static"])) for r in rows) < 1e-6
+    assert len(FakeEngine.started) == 2 and all(e.closed for e in FakeEngine.started)
+
+
+def test_check_script_writes_only_the_model_dir(vllm_check, tmp_path):
+    assert vllm_check.main(["--write-model-dir", str(tmp_path / "m")]) == 0
+    assert (tmp_path / "m" / "config.json").exists()
+
+
+# -- real hardware ----------------------------------------------------------------------------------
+
+
+def _has_vllm_gpu() -> bool:
+    return importlib.util.find_spec("vllm") is not None and Path("/proc/driver/nvidia/gpus").is_dir() and \
+        any(Path("/proc/driver/nvidia/gpus").iterdir())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_vllm_gpu(), reason="needs vllm and an NVIDIA GPU")
+def test_real_vllm_engine_on_a_gpu(tmp_path):
+    model = common.write_llama_model_dir(tmp_path / "tiny", SMALL, max_position=257)
+    t = Target(name="gpu-smoke", runner="vllm", hardware="gpu", bucket_policy="inclusive", dtype="bfloat16",
+               model=SMALL, options=(("gpu_memory_utilization", 0.3), ("model", str(model))))
+    r = get_runner(t)
+    try:
+        res = r.profile(Unit(t, 1, 2), plan_probes((64, 128, 256), policy="inclusive", max_output=16, repeats=2))
+        prof = solve(res.runs, batch=2)
+        assert all(p.tbt_s > 0 and p.ttft_s > 0 for p in prof.values())
+        run = r.run_workload(Candidate(1, 2, (64, 128, 256), (64, 128, 256)), Requests([10, 200, 60], [5, 40, 1]))
+        assert (run.e2e_s >= run.ttft_s).all() and (run.ttft_s > 0).all()
+        assert "vllm" in r.versions() and "cuda" in r.versions()
+    finally:
+        r.close()
+
+
+# -- the conformance suite -------------------------------------------------------------------------
+
+from conformance import RunnerConformance  # noqa: E402
+
+#: a tiny model every GPU attention backend takes (head_dim 64)
+CONF_MODEL = ModelShape(layers=2, hidden=256, heads=4, kv_heads=2, intermediate=512, vocab=1024)
+
+
+def _conformance_model_dir(shape: ModelShape) -> str:
+    import tempfile
+
+    from lens.types import stable_hash
+
+    d = Path(tempfile.gettempdir()) / "lensopt-vllm-conformance" / stable_hash(shape.to_dict(), n=12)
+    return str(common.write_llama_model_dir(d, shape, max_position=1024))
+
+
+class TestVllmFlowConformance(RunnerConformance):
+    """The shared runner flow of ``vllm`` (options, engines, probes, workloads) with a fake engine."""
+
+    model = CONF_MODEL
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def _fake_backend(cls):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(vr.VllmRunner, "engine_class", FakeEngine)
+            mp.setattr(vr, "sdk_versions", lambda platform: dict(FAKE_VERSIONS))
+            yield
+
+    def make_target(self, *, model: ModelShape | None = None, policy: str = "exclusive") -> Target:
+        return Target(name="conformance-vllm-fake", runner="vllm", hardware="gpu", bucket_policy=policy,
+                      dtype="bfloat16", model=model or self.model, options=(("model", "/fake/model"),))
+
+    def make_unusable_target(self) -> Target:
+        return Target(name="conformance-vllm-fake", runner="vllm", hardware="gpu", bucket_policy="exclusive",
+                      dtype="bfloat16", model=self.model, options=(("model", "/fake/unusable"),))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_vllm_gpu(), reason="needs vllm and an NVIDIA GPU")
+class TestVllmGpuConformance(RunnerConformance):
+    """The conformance suite on a real GPU through vLLM (random weights, a tiny model)."""
+
+    model = CONF_MODEL
+
+    def make_target(self, *, model: ModelShape | None = None, policy: str = "exclusive") -> Target:
+        m = model or self.model
+        return Target(name="conformance-vllm-gpu", runner="vllm", hardware="gpu", bucket_policy=policy,
+                      dtype="bfloat16", model=m,
+                      options=(("gpu_memory_utilization", 0.3), ("model", _conformance_model_dir(m))))
+
+    def make_unusable_target(self) -> Target:
+        return Target(name="conformance-vllm-missing", runner="vllm", hardware="gpu", bucket_policy="exclusive",
+                      dtype="bfloat16", model=self.model,
+                      options=(("gpu_memory_utilization", 0.3), ("model", "/nonexistent/lensopt-no-model")))
