@@ -446,21 +446,27 @@ class JaxRunner(Runner):
         rng = np.random.default_rng(self.target.seed)
         vocab = self.target.model.vocab
         run_s = 0.0
-        warmed: set[tuple] = set()
-        runs = []
+        batches = []
         for p in probes:
             prompt = rng.integers(0, vocab, size=p.input_len, dtype=np.int32)
-            bt = self._prepare(st, [prompt] * unit.batch, [p.output_len] * unit.batch, buckets, buckets)
+            batches.append(self._prepare(st, [prompt] * unit.batch, [p.output_len] * unit.batch, buckets, buckets))
+        # warm every graph set before timing anything, then take the repeats round-robin over
+        # the probes: drift on a busy host (clock, caches, other processes) then hits the two
+        # runs of a bucket alike instead of biasing one of them
+        warmed: set[tuple] = set()
+        for bt in batches:
             if bt.graph_set not in warmed:
                 for _ in range(warm):
                     run_s += self._run(st, bt)[2]
                 warmed.add(bt.graph_set)
-            times = []
-            for _ in range(p.repeats):
-                wall = self._run(st, bt)[2]
-                times.append(wall)
-                run_s += wall
-            runs.append(ProbeRun(p, tuple(times)))
+        times: list[list[float]] = [[] for _ in probes]
+        for r in range(max(p.repeats for p in probes)):
+            for i, (p, bt) in enumerate(zip(probes, batches)):
+                if r < p.repeats:
+                    wall = self._run(st, bt)[2]
+                    times[i].append(wall)
+                    run_s += wall
+        runs = [ProbeRun(p, tuple(t)) for p, t in zip(probes, times)]
         return ProfileResult(
             runs=tuple(runs), compile_s=compile_s, run_s=run_s, host=self.host(),
             versions=self.versions(), simulated=False,
