@@ -37,16 +37,61 @@ def memory_gib(model: ModelShape, dtype: str, *, tp: int, batch: int, max_len: i
 
 
 class ScalingPrior:
+    """Nearest measured unit, scaled with exponents fitted on the measured units.
+
+    TTFT_b ~ tp^a and TBT_b ~ tp^c * bytes(batch, b)^d, where bytes is what one decode step
+    reads per device (weights + batch * KV(b)).  The exponents start at the ideal a = c = -1,
+    d = 1 and are refitted by least squares (with one intercept per bucket) once the
+    measured units vary in tp or batch, then clamped to a physical range: real tp scaling
+    is sub-linear (collectives, fixed per-step costs), which the ideal law overrates.
+    """
+
     name = "estimate:scaling"
+    #: clamps of the fitted exponents
+    TP_RANGE = (-1.2, 0.3)
+    BYTES_RANGE = (0.0, 1.5)
 
     def __init__(self, model: ModelShape, dtype: str):
         self.model, self.dtype = model, dtype
+
+    def _bytes(self, batch: int, bucket: int) -> float:
+        return weight_bytes(self.model, self.dtype) + batch * kv_bytes(self.model, self.dtype, bucket)
+
+    def exponents(self, measured: Mapping[tuple[int, int], Mapping[int, BucketProfile]]) -> tuple[float, float, float]:
+        rows = [(tp, b, bk, p) for (tp, b), prof in measured.items() for bk, p in prof.items()
+                if p.ttft_s > 0 and p.tbt_s > 0]
+        a, c, d = -1.0, -1.0, 1.0
+        if len({r[0] for r in rows}) < 2 and len({r[1] for r in rows}) < 2:
+            return a, c, d
+        import numpy as np
+
+        buckets = sorted({r[2] for r in rows})
+        onehot = np.array([[1.0 if r[2] == bk else 0.0 for bk in buckets] for r in rows])
+        ltp = np.log([r[0] for r in rows])
+        if len({r[0] for r in rows}) >= 2:
+            X = np.column_stack([onehot, ltp])
+            coef, *_ = np.linalg.lstsq(X, np.log([r[3].ttft_s for r in rows]), rcond=None)
+            a = float(np.clip(coef[-1], *self.TP_RANGE))
+        cols = [onehot]
+        if len({r[0] for r in rows}) >= 2:
+            cols.append(ltp[:, None])
+        if len({r[1] for r in rows}) >= 2:
+            cols.append(np.log([self._bytes(r[1], r[2]) for r in rows])[:, None])
+        X = np.column_stack(cols)
+        coef, *_ = np.linalg.lstsq(X, np.log([r[3].tbt_s for r in rows]), rcond=None)
+        k = len(buckets)
+        if len({r[0] for r in rows}) >= 2:
+            c = float(np.clip(coef[k], *self.TP_RANGE))
+            k += 1
+        if len({r[1] for r in rows}) >= 2:
+            d = float(np.clip(coef[k], *self.BYTES_RANGE))
+        return a, c, d
 
     def estimate(
         self, tp: int, batch: int, buckets: Sequence[int], measured: Mapping[tuple[int, int], Mapping[int, BucketProfile]]
     ) -> dict[int, BucketProfile] | None:
         """Per bucket, the nearest measured unit that has it, scaled; None if a bucket has none."""
-        w = weight_bytes(self.model, self.dtype)
+        a, c, d = self.exponents(measured)
         out = {}
         for b in buckets:
             have = [(u, prof[b]) for u, prof in measured.items() if b in prof]
@@ -55,10 +100,11 @@ class ScalingPrior:
             (tp0, b0), p = min(
                 have, key=lambda kv: (2 * abs(math.log2(kv[0][0] / tp)) + abs(math.log2(kv[0][1] / batch)), kv[0])
             )
-            kv = kv_bytes(self.model, self.dtype, b)
-            step = ((w + batch * kv) / tp) / ((w + b0 * kv) / tp0)
+            r_tp = tp / tp0
+            r_bytes = self._bytes(batch, b) / self._bytes(b0, b)
             out[b] = dataclasses.replace(
-                p, ttft_s=p.ttft_s * tp0 / tp, tbt_s=p.tbt_s * step, source=self.name, repeats=0, raw_t1=(), raw_t2=()
+                p, ttft_s=p.ttft_s * r_tp ** a, tbt_s=p.tbt_s * r_tp ** c * r_bytes ** d,
+                source=self.name, repeats=0, raw_t1=(), raw_t2=(),
             )
         return out
 
