@@ -23,6 +23,8 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, dest="top_k", help="candidates to confirm on the hardware (default: budget.top_k)")
     p.add_argument("--no-confirm", action="store_true", help="skip the confirmation on the hardware")
     p.add_argument("--fresh", action="store_true", help="start the run over instead of resuming it")
+    p.add_argument("--estimate-only", action="store_true",
+                   help="no hardware at all: evaluate every candidate on the analytical GPU model (GPU targets)")
     p.add_argument("--profile-all", action="store_true",
                    help="profile every feasible unit up front (exhaustive; for small spaces or to fill a shared cache)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -48,6 +50,8 @@ def print_front(res, space_objectives=None) -> None:
     f = res.front
     info = res.info
     sim = " (SIMULATED device)" if info.get("simulated") else ""
+    if info.get("estimate_only"):
+        sim = f" (ESTIMATES from the {info.get('estimator')} model, nothing measured)"
     if f.empty:
         print("no Pareto front: no candidate predicted from measured profiles meets the constraints; see report.md")
     else:
@@ -59,7 +63,8 @@ def print_front(res, space_objectives=None) -> None:
                          f"{d['throughput_tok_s']:.1f}", f"{d['throughput_tok_s_per_chip']:.1f}", fmt_s(d["ttft_p50_s"]),
                          fmt_s(d["tpot_p50_s"]), fmt_s(d["e2e_p90_s"]),
                          ("yes" + (" FLAGGED" if d.get("flagged") is True else "")) if d.get("confirmed") is True else ""])
-        print(f"\nPareto front{sim}: throughput vs latency, predicted from measured profiles")
+        how = "estimated" if info.get("estimate_only") else "predicted from measured profiles"
+        print(f"\nPareto front{sim}: throughput vs latency, {how}")
         print(table(rows, ["#", "tp", "batch", "buckets", "tok/s", "tok/s/chip", "TTFT p50", "TPOT p50", "E2E p90", "confirmed"]))
     c = res.confirm
     if c is not None and len(c):
@@ -77,12 +82,24 @@ def print_front(res, space_objectives=None) -> None:
     print(f"\nunits: {len(info.get('units_measured', []))} measured this run, {len(info.get('units_reused', []))} reused; "
           f"profiling tasks this run: {info.get('profile_tasks_this_run', 0)}; hardware seconds{sim}: profiling "
           f"{info.get('profile_hardware_s', 0):.1f}, confirmation {info.get('confirm_hardware_s', 0):.1f}")
-    print(f"results: {res.run_dir}/ (report.md, report.html, pareto.csv, trials.csv, confirm.csv, run.json, deploy/)")
+    names = ["report.md", "report.html", "pareto.csv", "trials.csv", "confirm.csv", "run.json", "deploy"]
+    have = [n + ("/" if n == "deploy" else "") for n in names if (res.run_dir / n).exists()]
+    print(f"results: {res.run_dir}/ ({', '.join(have)})")
 
 
 def cmd_run(args) -> int:
     from .run import run
 
+    if args.estimate_only:
+        from .estimate import estimate_run
+
+        res = estimate_run(args.space, results_dir=args.results, name=args.name, workload=args.workload,
+                           requests=args.requests, seed=args.seed, log=_quiet(args))
+        if args.json:
+            print_json({"run_dir": str(res.run_dir), "front": res.front.to_dict("records"), "info": res.info})
+        else:
+            print_front(res)
+        return 0
     try:
         res = run(args.space, results_dir=args.results, name=args.name, cache=args.cache, ray_address=args.ray_address,
                   workload=args.workload, requests=args.requests, seed=args.seed, trials=args.trials, sampler=args.sampler,

@@ -36,26 +36,28 @@ def md_table(df: pd.DataFrame, cols: list[str] | None = None) -> str:
 
 
 def _plots(run_dir: Path, space: Space, front: pd.DataFrame, trials: pd.DataFrame, confirm: pd.DataFrame | None,
-           staircase: Mapping[int, BucketProfile], simulated: bool) -> dict[str, bytes]:
+           staircase: Mapping[int, BucketProfile], simulated: bool, estimate_only: bool = False) -> dict[str, bytes]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tcol, lcol = space.objectives.throughput, space.objectives.latency
-    tag = " (SIMULATED device)" if simulated else ""
+    tag = " (SIMULATED device)" if simulated else (" (ESTIMATES, nothing measured)" if estimate_only else "")
     out = {}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if trials is not None and tcol in trials:
         ok = trials.dropna(subset=[tcol, lcol])
         meas = ok[ok["source_now"].isin(["measured", "simulated"])]
         est = ok[~ok["source_now"].isin(["measured", "simulated"])]
-        ax.scatter(est[lcol], est[tcol], s=10, c="#bbbbbb", label="estimated (prior), never on the front")
+        ax.scatter(est[lcol], est[tcol], s=10, c="#bbbbbb",
+                   label="candidates (estimated)" if estimate_only else "estimated (prior), never on the front")
         ax.scatter(meas[lcol], meas[tcol], s=12, c="#7799cc", label="predicted from measured profiles")
     if len(front):
         f = front.sort_values(lcol)
         ax.step(f[lcol], f[tcol], where="post", c="#cc3333", lw=1.5)
-        ax.scatter(f[lcol], f[tcol], s=30, c="#cc3333", label="Pareto front (predicted)", zorder=3)
+        ax.scatter(f[lcol], f[tcol], s=30, c="#cc3333", zorder=3,
+                   label="Pareto front (" + ("estimated" if set(f.get("source", [])) - {"measured", "simulated"} else "predicted") + ")")
     if confirm is not None and len(confirm) and f"{lcol}_measured" in confirm:
         ax.scatter(confirm[f"{lcol}_measured"], confirm[f"{tcol}_measured"] if f"{tcol}_measured" in confirm else None,
                    marker="*", s=160, c="#228833", label="confirmed on hardware (measured)", zorder=4)
@@ -99,9 +101,13 @@ def _png(fig) -> bytes:
 def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd.DataFrame, confirm: pd.DataFrame | None,
                  info: dict, chosen: Candidate | None, staircase: Mapping[int, BucketProfile], nearest: list[dict]) -> None:
     simulated = bool(info.get("simulated"))
-    pngs = _plots(run_dir, space, front, trials, confirm, staircase, simulated)
+    estimate_only = bool(info.get("estimate_only"))
+    pngs = _plots(run_dir, space, front, trials, confirm, staircase, simulated, estimate_only)
     t = space.target
     sim = "**SIMULATED device: every hardware number below comes from the simulator, not from hardware.**\n\n" if simulated else ""
+    if info.get("estimate_only"):
+        sim = (f"**ESTIMATES ONLY: every number below comes from the {info.get('estimator', 'analytical')} model; "
+               f"nothing was measured or confirmed on hardware.**\n\n")
     lines = [f"# lensopt search: {t.name}\n", sim,
              f"- target: runner `{t.runner}` on `{t.hardware}`, model {t.model.to_dict()}, dtype {t.dtype}, "
              f"policy {t.bucket_policy}, batching {space.batching}",
@@ -118,7 +124,8 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
         lines += ["## Chosen configuration\n",
                   f"tp = {chosen.tp}, batch = {chosen.batch}, context-encoding buckets {list(chosen.ctx_buckets)}, "
                   f"token-generation buckets {list(chosen.tkg_buckets)} (the front's knee; `deploy/` holds it as the runner takes it).\n"]
-    lines += ["## Pareto front (predicted from measured profiles)\n", md_table(front, _SHOW)]
+    kind = "estimated, never measured" if estimate_only else "predicted from measured profiles"
+    lines += [f"## Pareto front ({kind})\n", md_table(front, _SHOW)]
     if nearest:
         lines += ["## No candidate meets the SLO: the nearest ones\n", md_table(pd.DataFrame(nearest))]
     lines += ["## Confirmation on the hardware\n"]
@@ -128,7 +135,7 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
         lines += [f"Predicted vs measured on the workload sample; |error| over {space.budget.tolerance * 100:g}% is flagged.\n",
                   md_table(confirm)]
     if "staircase.png" in pngs:
-        lines += ["## Per-bucket staircase of the chosen unit\n", "![staircase](staircase.png)\n",
+        lines += ["## Per-bucket staircase of the chosen unit" + (" (estimated)" if estimate_only else "") + "\n", "![staircase](staircase.png)\n",
                   md_table(pd.DataFrame([{"bucket": b, "TTFT_b_s": p.ttft_s, "TBT_b_s": p.tbt_s, "spread": p.spread,
                                           "source": p.source} for b, p in sorted(staircase.items())]))]
     lines += ["## Throughput vs latency\n", "![pareto](pareto.png)\n"]
@@ -139,7 +146,14 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
             lines += ["## Infeasible candidates\n", md_table(counts)]
     if info.get("units_failed"):
         lines += ["## Units whose profiling failed\n",
+                  "The search went on without them (a timeout, a lost device, or runs that stayed impossible to solve).\n",
                   md_table(pd.DataFrame([{"unit": k, "error": v} for k, v in info["units_failed"].items()]))]
+    if info.get("units_noisy"):
+        rows = [{"unit": u, "bucket": b, "why": why} for u, per in info["units_noisy"].items() for b, why in per.items()]
+        lines += ["## Noisy measurements\n",
+                  "Buckets kept although their repeated runs spread widely (each was measured again, with more "
+                  "repeats, up to profile.attempts times): predictions that use them are less certain.\n",
+                  md_table(pd.DataFrame(rows))]
     md = "\n".join(lines)
     (run_dir / "report.md").write_text(md)
     (run_dir / "report.html").write_text(_html(md, pngs, t.name))

@@ -1,0 +1,129 @@
+"""``lensopt run --estimate-only``: a search with no hardware at all, on analytical estimates.
+
+For GPU targets the analytical model (``lens.amali``) gives TTFT_b / TBT_b for every unit,
+so every candidate of the space is evaluated (exhaustively: it costs no hardware) and the
+front is computed on those estimates. Nothing is profiled or confirmed; every number in
+the results is an estimate and says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from lens.errors import UserError
+from spaces import Space, load_space
+
+from .encoding import all_candidates
+from .evaluate import Evaluator
+from .pareto import pareto_mask
+from .prior import AmaliPrior
+
+#: more candidates than this are sampled at random instead of enumerated
+MAX_CANDIDATES = 50_000
+
+
+def estimate_run(
+    space: Space | str | Path,
+    *,
+    results_dir: str | Path = "results",
+    name: str | None = None,
+    workload: str | None = None,
+    requests: int | None = None,
+    seed: int | None = None,
+    log: Callable[[str], None] = print,
+):
+    from .run import SearchResult, _eval_row, _knee, _prepare_dir, _write_json, default_run_name, load_requests
+    from .report import write_report
+
+    sp = space if isinstance(space, Space) else load_space(space)
+    t = sp.target
+    prior = AmaliPrior.for_hardware(t.model, t.dtype, t.hardware)
+    if prior is None:
+        from lens.amali import known_gpus
+
+        raise UserError(
+            f"{sp.path}: --estimate-only needs an analytical model of target.hardware = {t.hardware!r}; "
+            f"known GPUs: {', '.join(known_gpus())} (NPUs have no analytical model: profile them instead)"
+        )
+    reqs, wdesc = load_requests(sp, workload=workload, requests=requests, seed=seed)
+    if sp.hosts.memory_gib_per_chip is None:
+        from lens.amali import gpu_spec
+
+        mem = gpu_spec(t.hardware).memory_gb * 1e9 / 2**30
+        sp = dataclasses.replace(sp, hosts=dataclasses.replace(sp.hosts, memory_gib_per_chip=mem))
+    run_dir = Path(results_dir) / (name or default_run_name(sp, ["estimate", workload, requests, seed]))
+    _prepare_dir(run_dir, fresh=True)
+    t0 = time.time()
+    ev = Evaluator(sp, reqs)
+    ev.priors.append(_UnitCachedPrior(prior, sp.space.buckets))
+    cands = list(all_candidates(sp.space))
+    if len(cands) > MAX_CANDIDATES:
+        rng = np.random.default_rng(0)
+        cands = [cands[i] for i in sorted(rng.choice(len(cands), MAX_CANDIDATES, replace=False))]
+    log(f"{t.name}: estimating {len(cands)} candidates with the AMALI analytical model of {t.hardware} "
+        f"(no hardware used: every number is an estimate)")
+    evals = [ev.evaluate(c) for c in cands]
+    rows = []
+    for e in evals:
+        c = e.candidate
+        row = {"trial": len(rows), "state": "COMPLETE" if e.metrics else "FAIL", "tp": c.tp, "batch": c.batch,
+               "ctx_buckets": " ".join(map(str, c.ctx_buckets)), "tkg_buckets": " ".join(map(str, c.tkg_buckets)),
+               "source_at_trial": e.source, "source_now": e.source, "infeasible": e.infeasible or ""}
+        if e.metrics:
+            row.update(_eval_row(e, sp))
+            row["meets_slo"] = e.meets_slo(sp)
+        rows.append(row)
+    trials = pd.DataFrame(rows)
+    ok = [e for e in evals if e.metrics and not e.infeasible and e.meets_slo(sp)]
+    best = {}
+    for e in sorted(ok, key=lambda e: (len(e.candidate.ctx_buckets) + len(e.candidate.tkg_buckets), e.candidate.label())):
+        best.setdefault(tuple(e.values(sp)), e)
+    ok = list(best.values())
+    front_evals = []
+    if ok:
+        v = np.array([e.values(sp) for e in ok])
+        front_evals = [e for e, m in zip(ok, pareto_mask(v[:, 0], v[:, 1])) if m]
+    front = pd.DataFrame([_eval_row(e, sp) for e in front_evals])
+    if len(front):
+        front = front.sort_values(sp.objectives.latency).reset_index(drop=True)
+        front.insert(0, "rank", range(1, len(front) + 1))
+    info = {"run": run_dir.name, "space": str(sp.path), "space_sha256": sp.sha256, "estimate_only": True,
+            "estimator": prior.name, "gpu": t.hardware, "target": t.to_dict(), "workload": wdesc,
+            "trials": len(cands), "units_measured": [], "units_reused": [], "units_failed": {},
+            "profile_hardware_s": 0.0, "confirm_hardware_s": 0.0, "profile_tasks_this_run": 0,
+            "simulated": False, "state": "complete", "wall_s": time.time() - t0, "slo_met": bool(front_evals) or not sp.slo}
+    trials.to_csv(run_dir / "trials.csv", index=False)
+    front.to_csv(run_dir / "pareto.csv", index=False)
+    chosen, stair = None, {}
+    if len(front):
+        from .run import _cand_from_row
+
+        chosen = _cand_from_row(front.iloc[_knee(front, sp)])
+        info["chosen"] = {"tp": chosen.tp, "batch": chosen.batch, "ctx_buckets": list(chosen.ctx_buckets),
+                          "tkg_buckets": list(chosen.tkg_buckets)}
+        stair = prior.estimate(chosen.tp, chosen.batch, sp.space.buckets)
+    _write_json(run_dir / "run.json", info)
+    write_report(run_dir, space=sp, front=front, trials=trials, confirm=None, info=info, chosen=chosen,
+                 staircase=stair, nearest=[])
+    return SearchResult(run_dir, front, trials, None, info)
+
+
+class _UnitCachedPrior:
+    """The analytical prior computed once per unit for all the space's buckets."""
+
+    def __init__(self, prior, buckets):
+        self.prior, self.buckets, self._cache = prior, list(buckets), {}
+        self.name = prior.name
+
+    def estimate(self, tp, batch, buckets, measured=None):
+        key = (tp, batch)
+        if key not in self._cache:
+            self._cache[key] = self.prior.estimate(tp, batch, self.buckets)
+        full = self._cache[key]
+        return {b: full[b] for b in buckets}
