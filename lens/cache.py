@@ -10,6 +10,19 @@ A file is recognised as ours by ``PRAGMA application_id`` (read straight from th
 ``PRAGMA user_version`` (the schema version) and the ``meta`` table. Anything else at the
 path is refused and left untouched.
 
+Damage is caught at open: ``PRAGMA quick_check`` runs on every open (milliseconds for a
+cache of thousands of profiles), so a truncated file or a page of garbage is refused with
+the ``.recover`` command before anything reads or writes it; a row that still fails to
+decode later is reported the same way. A damaged file is never written to.
+
+Claims: before a process profiles a unit it claims it (``claims`` table, one row per
+unit, taken in a ``BEGIN IMMEDIATE`` transaction with a lease that its owner renews while
+the task runs). Another process that wants the unit meanwhile waits for the profiles
+instead of measuring them a second time; a claim whose owner died expires with its lease,
+or at once when the owner was a process of this host that no longer exists. The
+``claims`` table is an optional part of schema 1: files written before it existed get it
+on their first read-write open.
+
 Export and import use CSV or Parquet with exactly the columns of the ``profiles`` table
 (:data:`PROFILE_COLUMNS`); ``raw_t1``/``raw_t2`` are JSON lists. Nothing is ever unpickled.
 """
@@ -22,9 +35,11 @@ import os
 import re
 import secrets
 import shlex
+import socket
 import sqlite3
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -107,6 +122,60 @@ CREATE TABLE profiles (
 );
 """
 _TABLES = {"meta": ("key", "value"), "units": UNIT_COLUMNS, "profiles": PROFILE_COLUMNS}
+
+CLAIM_COLUMNS = ("fingerprint", "tp", "batch", "buckets", "owner", "claimed_at", "expires_at")
+#: added to schema 1 later: created on open when missing, so older files stay readable
+_CLAIMS_SQL = """
+CREATE TABLE IF NOT EXISTS claims (
+    fingerprint TEXT    NOT NULL,
+    tp          INTEGER NOT NULL,
+    batch       INTEGER NOT NULL,
+    buckets     TEXT    NOT NULL,
+    owner       TEXT    NOT NULL,
+    claimed_at  REAL    NOT NULL,
+    expires_at  REAL    NOT NULL,
+    PRIMARY KEY (fingerprint, tp, batch)
+)
+"""
+_OPTIONAL_TABLES = {"claims": CLAIM_COLUMNS}
+#: default lease of a claim: its owner renews it well before it runs out
+DEFAULT_LEASE_S = 120.0
+
+
+def new_claimant_id() -> str:
+    """A claim owner id, unique per process and call: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def claimant_alive(owner: str) -> bool:
+    """False only when ``owner`` names a process of this host that no longer exists.
+
+    Owners on other hosts are presumed alive: their claims end with their lease.
+    """
+    host, sep, _ = owner.rpartition(":")
+    host, sep2, pid = host.rpartition(":")
+    if not (sep and sep2) or host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by another user
+    return True
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to :meth:`ProfileCache.claim_unit`."""
+
+    #: True: the caller now holds the unit and must profile ``missing``, then store or release
+    granted: bool
+    #: buckets the cache still lacks (empty: nothing to do, nothing claimed)
+    missing: tuple[int, ...]
+    #: the live owner holding the unit, when not granted
+    holder: str | None = None
+    expires_at: float | None = None
 
 
 def default_cache_path() -> Path:
@@ -328,9 +397,10 @@ def _damaged(path: Path, why: str) -> CacheError:
     q = shlex.quote(str(path))
     rq = shlex.quote(str(path) + ".recovered")
     return CacheError(
-        f"profile cache {path} is damaged ({why}). To salvage its profiles run "
-        f"`sqlite3 {q} .recover | sqlite3 {rq}` and use --cache {rq} (or move it into place); "
-        f"or move {path} away to start a fresh cache (missing profiles are measured again)"
+        f"profile cache {path} is damaged ({why}); it was not changed. To salvage its profiles run "
+        f"`lensopt cache recover {q}` (it writes {rq} with every readable profile; "
+        f"`sqlite3 {q} .recover | sqlite3 {rq}` is the SQLite shell's way) and use --cache {rq} "
+        f"(or move it into place); or move {path} away to start a fresh cache (missing profiles are measured again)"
     )
 
 
@@ -390,7 +460,8 @@ def _check_header(path: Path) -> None:
         )
 
 
-def _check_schema(con: sqlite3.Connection, path: Path) -> None:
+def _check_schema(con: sqlite3.Connection, path: Path) -> bool:
+    """Refuse a file that is not a whole cache of our schema; True when it has ``claims``."""
     version = con.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise CacheError(
@@ -402,15 +473,23 @@ def _check_schema(con: sqlite3.Connection, path: Path) -> None:
         raise _damaged(path, f"schema version {version}, expected {SCHEMA_VERSION}")
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
              if not r[0].startswith("sqlite_")}
-    if names != set(_TABLES):
-        raise _damaged(path, f"tables {sorted(names)}, expected {sorted(_TABLES)}")
-    for table, cols in _TABLES.items():
+    if names - set(_OPTIONAL_TABLES) != set(_TABLES):
+        raise _damaged(path, f"tables {sorted(names)}, expected {sorted(_TABLES)} (and optionally {sorted(_OPTIONAL_TABLES)})")
+    for table, cols in {**_TABLES, **_OPTIONAL_TABLES}.items():
+        if table not in names:
+            continue
         actual = tuple(r[1] for r in con.execute(f"PRAGMA table_info({table})"))
         if actual != cols:
             raise _damaged(path, f"table {table} has columns {list(actual)}")
     meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
     if meta.get("schema") != str(SCHEMA_VERSION):
         raise _damaged(path, f"meta schema {meta.get('schema')!r}, expected {SCHEMA_VERSION}")
+    # every page of every table and index, structurally: catches a file cut short or a
+    # page of garbage now, before a query stumbles on it or a write makes it worse
+    verdict = [r[0] for r in con.execute("PRAGMA quick_check(5)")]
+    if verdict != ["ok"]:
+        raise _damaged(path, "integrity check: " + "; ".join(verdict))
+    return "claims" in names
 
 
 def _uri(path: Path, mode: str) -> str:
@@ -444,6 +523,7 @@ def _create(path: Path) -> None:
                 for stmt in _SCHEMA_SQL.split(";"):
                     if stmt.strip():
                         con.execute(stmt)
+                con.execute(_CLAIMS_SQL)
                 con.executemany(
                     "INSERT INTO meta (key, value) VALUES (?, ?)",
                     [("schema", str(SCHEMA_VERSION)), ("created_at", repr(time.time())),
@@ -497,13 +577,22 @@ class ProfileCache:
         with _sql_errors(path):
             ro = _connect(path, "ro")
             try:
-                _check_schema(ro, path)
+                has_claims = _check_schema(ro, path)
             finally:
                 ro.close()
             con = _connect(path, "rw")
             try:
                 if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                     con.execute("PRAGMA journal_mode = WAL")
+                if not has_claims:  # a file from before claims existed
+                    con.execute("BEGIN IMMEDIATE")
+                    try:
+                        con.execute(_CLAIMS_SQL)
+                        con.execute("COMMIT")
+                    except BaseException:
+                        if con.in_transaction:
+                            con.rollback()
+                        raise
             except BaseException:
                 con.close()
                 raise
@@ -563,7 +652,10 @@ class ProfileCache:
                 "WHERE fingerprint = ? AND tp = ? AND batch = ? ORDER BY bucket",
                 (fingerprint, int(tp), int(batch)),
             ).fetchall()
-        return {int(r[3]): _to_profile(r) for r in rows}
+        try:
+            return {int(r[3]): _to_profile(r) for r in rows}
+        except (TypeError, ValueError) as exc:  # a value SQLite returned but we cannot read
+            raise _damaged(self._path, f"unreadable profile of unit ({fingerprint}, tp={tp}, batch={batch}): {exc}") from None
 
     def missing(self, fingerprint: str, tp: int, batch: int, buckets: Iterable[int]) -> list[int]:
         """The buckets among ``buckets`` that the cache holds no profile for (sorted, unique)."""
@@ -594,7 +686,10 @@ class ProfileCache:
         if not rows:
             return empty
         df = pd.DataFrame.from_records(rows, columns=list(PROFILE_COLUMNS))
-        return df.astype(empty.dtypes.to_dict())
+        try:
+            return df.astype(empty.dtypes.to_dict())
+        except (TypeError, ValueError) as exc:
+            raise _damaged(self._path, f"unreadable profile rows: {exc}") from None
 
     def units(self) -> pd.DataFrame:
         """One row per unit holding profiles: its buckets, who measured them, when, and the
@@ -647,13 +742,15 @@ class ProfileCache:
         host: str,
         compile_s: float,
         run_s: float,
+        release_owner: str | None = None,
     ) -> None:
         """Store one profiled unit and its bucket profiles in one transaction.
 
         An existing unit row accumulates ``compile_s``/``run_s`` (the hardware seconds spent
         on it over time); a bucket profiled again replaces its old profile. Raises
         ``ValueError`` for an invalid value (negative or NaN time, bucket < 1, ...), in
-        which case nothing of the unit is written.
+        which case nothing of the unit is written. ``release_owner``: the claim that
+        owner holds on the unit ends in the same transaction.
         """
         if not profiles:
             raise ValueError(f"put_unit({fingerprint}, tp={tp}, batch={batch}): no profiles to store")
@@ -682,6 +779,82 @@ class ProfileCache:
             # rows are checked one by one inside the transaction: a bad one rolls back all
             for p in profiles:
                 con.execute(insert, _profile_row(fp, tp_i, batch_i, p))
+            if release_owner is not None:
+                con.execute("DELETE FROM claims WHERE fingerprint = ? AND tp = ? AND batch = ? AND owner = ?",
+                            (fp, tp_i, batch_i, release_owner))
+
+    # -- claims -------------------------------------------------------------------------
+    def claim_unit(
+        self,
+        *,
+        fingerprint: str,
+        tp: int,
+        batch: int,
+        buckets: Iterable[int],
+        owner: str,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> Claim:
+        """Claim a unit for profiling the buckets of ``buckets`` that the cache lacks.
+
+        One transaction: when nothing is missing, nothing is claimed; when another live
+        owner holds an unexpired claim, the answer names it (wait, then ask again);
+        otherwise the caller holds the unit until ``expires_at`` (renew it with
+        :meth:`renew_claims`) and must store it with ``put_unit(release_owner=owner)``
+        or give it back with :meth:`release_claims`.
+        """
+        if not lease_s > 0:
+            raise ValueError(f"lease_s {lease_s!r} must be positive")
+        want = sorted({int(b) for b in buckets})
+        key = (str(fingerprint), int(tp), int(batch))
+        with self._write() as con:
+            have = {r[0] for r in con.execute(
+                "SELECT bucket FROM profiles WHERE fingerprint = ? AND tp = ? AND batch = ?", key)}
+            missing = tuple(b for b in want if b not in have)
+            if not missing:
+                return Claim(granted=False, missing=())
+            now = time.time()
+            row = con.execute("SELECT owner, expires_at FROM claims WHERE fingerprint = ? AND tp = ? AND batch = ?",
+                              key).fetchone()
+            if row is not None and row[0] != owner and float(row[1]) > now and claimant_alive(row[0]):
+                return Claim(granted=False, missing=missing, holder=row[0], expires_at=float(row[1]))
+            con.execute(
+                f"INSERT OR REPLACE INTO claims ({', '.join(CLAIM_COLUMNS)}) VALUES ({', '.join('?' * len(CLAIM_COLUMNS))})",
+                (*key, json.dumps(list(missing)), owner, now, now + float(lease_s)),
+            )
+        return Claim(granted=True, missing=missing, holder=owner, expires_at=now + float(lease_s))
+
+    def renew_claims(self, *, owner: str, units: Iterable[tuple[str, int, int]], lease_s: float = DEFAULT_LEASE_S) -> int:
+        """Push the lease of ``owner``'s claims on ``units`` (fingerprint, tp, batch) to now + ``lease_s``.
+
+        Returns how many were renewed (a claim that expired and was taken over is not).
+        """
+        keys = [(str(f), int(t), int(b)) for f, t, b in units]
+        if not keys:
+            return 0
+        until = time.time() + float(lease_s)
+        n = 0
+        with self._write() as con:
+            for k in keys:
+                n += con.execute("UPDATE claims SET expires_at = ? WHERE fingerprint = ? AND tp = ? AND batch = ? "
+                                 "AND owner = ?", (until, *k, owner)).rowcount
+        return n
+
+    def release_claims(self, *, owner: str, units: Iterable[tuple[str, int, int]] | None = None) -> int:
+        """End ``owner``'s claims on ``units`` (all of its claims when None); returns how many."""
+        with self._write() as con:
+            if units is None:
+                return int(con.execute("DELETE FROM claims WHERE owner = ?", (owner,)).rowcount)
+            n = 0
+            for f, t, b in units:
+                n += con.execute("DELETE FROM claims WHERE fingerprint = ? AND tp = ? AND batch = ? AND owner = ?",
+                                 (str(f), int(t), int(b), owner)).rowcount
+            return n
+
+    def claims(self) -> pd.DataFrame:
+        """The claims held now (live or expired): one row per unit being profiled somewhere."""
+        with self._read() as con:
+            rows = con.execute(f"SELECT {', '.join(CLAIM_COLUMNS)} FROM claims ORDER BY fingerprint, tp, batch").fetchall()
+        return pd.DataFrame.from_records(rows, columns=list(CLAIM_COLUMNS))
 
     def remove(
         self,
@@ -854,3 +1027,107 @@ def _read_parquet(path: Path) -> tuple[list[str], dict[str, list], dict[str, Cal
             raise UserError(f"{path}: column {col!r} has type {t}, expected {want}")
     data = {c: table.column(c).to_pylist() for c in PROFILE_COLUMNS if columns.count(c) == 1}
     return columns, data, _CHECK_VALUES
+
+
+# -- salvage -----------------------------------------------------------------------------
+#: rows read per query while salvaging; a window that fails is read again row by row
+_SALVAGE_WINDOW = 64
+
+
+def _salvage_rows(con: sqlite3.Connection, table: str, columns: Sequence[str], upper: int) -> tuple[list[tuple], int]:
+    """Every row of ``table`` SQLite can still read, by rowid windows; and how many windows failed."""
+    cols = ", ".join(columns)
+    out: list[tuple] = []
+    bad = 0
+    dead_run = 0  # consecutive windows that failed whole: past the end of a cut file, stop trying rows
+    lo = 1
+    while lo <= upper:
+        hi = lo + _SALVAGE_WINDOW - 1
+        try:
+            out.extend(con.execute(f"SELECT {cols} FROM {table} WHERE rowid BETWEEN ? AND ?", (lo, hi)).fetchall())
+            dead_run = 0
+        except sqlite3.DatabaseError:
+            bad += 1
+            got = 0
+            if dead_run < 16:
+                for rid in range(lo, hi + 1):
+                    try:
+                        rows = con.execute(f"SELECT {cols} FROM {table} WHERE rowid = ?", (rid,)).fetchall()
+                    except sqlite3.DatabaseError:
+                        continue
+                    out.extend(rows)
+                    got += len(rows)
+            dead_run = 0 if got else dead_run + 1
+        lo = hi + 1
+    return out, bad
+
+
+def recover(src: str | os.PathLike, dst: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Copy every readable, valid profile of a damaged cache ``src`` into a new cache ``dst``.
+
+    ``src`` is only read (never written); ``dst`` (default ``src`` + ``.recovered``) must not
+    exist. Rows SQLite can no longer read, or whose values fail the import checks, are
+    left out and counted. Returns ``{"path", "profiles", "units", "skipped_rows", "unreadable_parts"}``.
+    """
+    src = Path(src).expanduser()
+    dst = Path(dst).expanduser() if dst is not None else src.with_name(src.name + ".recovered")
+    if not src.is_file():
+        raise UserError(f"{src}: no such cache file to recover")
+    if os.path.lexists(dst):
+        raise UserError(f"{dst} already exists; move it away or name another file with --to (nothing is overwritten)")
+    with open(src, "rb") as f:
+        head = f.read(100)
+    if not head.startswith(_SQLITE_MAGIC):
+        raise UserError(f"{src} is not an SQLite file: there is nothing to recover from it")
+    size = src.stat().st_size
+    try:
+        con = sqlite3.connect(f"{src.absolute().as_uri()}?mode=ro", uri=True, isolation_level=None)
+        # a file cut short: read what is there instead of refusing it whole (as SQLite's .recover does)
+        con.execute("PRAGMA writable_schema = ON")
+    except sqlite3.Error as exc:
+        raise CacheError(f"cannot read {src}: {exc}") from None
+    profiles: list[tuple] = []
+    units: list[tuple] = []
+    bad = skipped = 0
+    try:
+        for table, columns, sink in (("profiles", PROFILE_COLUMNS, profiles), ("units", UNIT_COLUMNS, units)):
+            try:
+                upper = int(con.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 0)
+            except sqlite3.DatabaseError:
+                upper = max(1, size // 64)  # the rightmost page is lost: bound by the file size
+            rows, n_bad = _salvage_rows(con, table, columns, upper)
+            bad += n_bad
+            sink.extend(rows)
+    except sqlite3.DatabaseError as exc:  # the schema itself is unreadable
+        raise CacheError(f"{src}: nothing can be read from it ({exc}); move it away and start a fresh cache") from None
+    finally:
+        con.close()
+    good: dict[tuple, tuple] = {}
+    for row in profiles:
+        try:
+            checked = tuple(_CHECK_VALUES[c](v) for c, v in zip(PROFILE_COLUMNS, row))
+        except _Bad:
+            skipped += 1
+            continue
+        good[checked[:len(_KEY)]] = checked
+    keep_units = []
+    for row in units:
+        r = dict(zip(UNIT_COLUMNS, row))
+        try:
+            key = (_str(r["fingerprint"], nonempty=True), _int(r["tp"], lo=1, text=False), _int(r["batch"], lo=1, text=False))
+            vals = (_str(r["target_json"], nonempty=False), _str(r["runner"], nonempty=False),
+                    _str(r["versions_json"], nonempty=False), _str(r["host"], nonempty=False),
+                    _float(r["compile_s"], text=False), _float(r["run_s"], text=False), _float(r["created_at"], text=False))
+        except _Bad:
+            skipped += 1
+            continue
+        if any(k[:3] == key for k in good):
+            keep_units.append(key + vals)
+    with ProfileCache.open(dst) as out:
+        cols, marks = ", ".join(PROFILE_COLUMNS), ", ".join("?" * len(PROFILE_COLUMNS))
+        ucols, umarks = ", ".join(UNIT_COLUMNS), ", ".join("?" * len(UNIT_COLUMNS))
+        with out._write() as w:
+            w.executemany(f"INSERT OR REPLACE INTO units ({ucols}) VALUES ({umarks})", keep_units)
+            w.executemany(f"INSERT OR REPLACE INTO profiles ({cols}) VALUES ({marks})", list(good.values()))
+    return {"path": dst, "profiles": len(good), "units": len({k[:3] for k in good}), "skipped_rows": skipped,
+            "unreadable_parts": bad}

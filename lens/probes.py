@@ -27,6 +27,17 @@ from .types import BucketProfile, Probe, ProbeRun
 #: default cap on the longer run's output: more steps lower the TBT noise, but cost time
 DEFAULT_MAX_OUTPUT = 128
 DEFAULT_REPEATS = 3
+#: default most measurements of a bucket whose runs are impossible or too noisy to trust
+DEFAULT_ATTEMPTS = 3
+#: default largest accepted spread, (max - min) / median, of one probe's repeats
+DEFAULT_MAX_SPREAD = 0.5
+
+
+class NoisyMeasurement(RunnerError):
+    """A bucket's runs stayed impossible to solve (T2 <= T1, TTFT <= 0) after every attempt.
+
+    Measuring again the same way would only repeat it, so it is not retried further.
+    """
 
 
 def probe_window(bucket: int, buckets: Sequence[int], policy: str) -> tuple[int, int]:
@@ -85,31 +96,63 @@ def check_probe(probe: Probe, buckets: Sequence[int], policy: str) -> None:
         raise UserError(f"probe {probe} leaves bucket {probe.bucket} of {list(b)} under the {policy} policy")
 
 
-def solve(
-    runs: Sequence[ProbeRun], *, batch: int, runner: str = "", host: str = "", simulated: bool = False
-) -> dict[int, BucketProfile]:
-    """TTFT_b and TBT_b per bucket from the medians of two probes each."""
+def pair_runs(runs: Sequence[ProbeRun]) -> dict[int, tuple[ProbeRun, ProbeRun]]:
+    """The two runs (shorter output first) of each bucket; ``RunnerError`` if a bucket lacks them."""
     by_bucket: dict[int, list[ProbeRun]] = {}
     for r in runs:
         by_bucket.setdefault(r.probe.bucket, []).append(r)
-    now = time.time()
-    out: dict[int, BucketProfile] = {}
+    out = {}
     for bucket, rs in sorted(by_bucket.items()):
         rs = sorted(rs, key=lambda r: r.probe.output_len)
         if len(rs) != 2 or rs[0].probe.output_len == rs[1].probe.output_len:
             raise RunnerError(f"bucket {bucket}: expected two runs at two output lengths, got {len(rs)}")
-        r1, r2 = rs
+        out[bucket] = (rs[0], rs[1])
+    return out
+
+
+def _solve_pair(bucket: int, r1: ProbeRun, r2: ProbeRun, batch: int) -> tuple[float, float]:
+    l1, l2 = r1.probe.output_len, r2.probe.output_len
+    t1, t2 = r1.median_s, r2.median_s
+    tbt = (t2 - t1) / (l2 - l1)
+    if not tbt > 0:
+        raise RunnerError(
+            f"bucket {bucket}: the longer run was not slower (T1={t1:.6f}s at L={l1}, "
+            f"T2={t2:.6f}s at L={l2}); the measurement is too noisy to solve"
+        )
+    ttft = (t1 - (l1 - 1) * tbt) / batch
+    if not ttft > 0:
+        raise RunnerError(f"bucket {bucket}: solved TTFT {ttft:.6f}s is not positive; remeasure")
+    return ttft, tbt
+
+
+def assess(r1: ProbeRun, r2: ProbeRun, *, batch: int, max_spread: float = DEFAULT_MAX_SPREAD) -> tuple[str, str] | None:
+    """None when a bucket's two runs give a trustworthy profile, else ``(kind, reason)``.
+
+    ``kind`` is ``"impossible"`` (no positive TBT_b and TTFT_b can be solved: T2 <= T1, or
+    the intercept is not positive) or ``"noisy"`` (solvable, but a probe's repeats spread
+    more than ``max_spread`` of their median).
+    """
+    try:
+        _solve_pair(r1.probe.bucket, r1, r2, batch)
+    except RunnerError as exc:
+        return "impossible", str(exc)
+    spread = max(r1.spread, r2.spread)
+    if spread > max_spread:
+        return "noisy", (f"bucket {r1.probe.bucket}: repeats spread {spread:.0%} of their median "
+                         f"(more than profile.max_spread = {max_spread:.0%})")
+    return None
+
+
+def solve(
+    runs: Sequence[ProbeRun], *, batch: int, runner: str = "", host: str = "", simulated: bool = False
+) -> dict[int, BucketProfile]:
+    """TTFT_b and TBT_b per bucket from the medians of two probes each."""
+    now = time.time()
+    out: dict[int, BucketProfile] = {}
+    for bucket, (r1, r2) in pair_runs(runs).items():
         l1, l2 = r1.probe.output_len, r2.probe.output_len
         t1, t2 = r1.median_s, r2.median_s
-        tbt = (t2 - t1) / (l2 - l1)
-        if not tbt > 0:
-            raise RunnerError(
-                f"bucket {bucket}: the longer run was not slower (T1={t1:.6f}s at L={l1}, "
-                f"T2={t2:.6f}s at L={l2}); the measurement is too noisy to solve"
-            )
-        ttft = (t1 - (l1 - 1) * tbt) / batch
-        if not ttft > 0:
-            raise RunnerError(f"bucket {bucket}: solved TTFT {ttft:.6f}s is not positive; remeasure")
+        ttft, tbt = _solve_pair(bucket, r1, r2, batch)
         out[bucket] = BucketProfile(
             bucket=bucket,
             ttft_s=float(ttft),

@@ -11,6 +11,11 @@ import numpy as np
 from .errors import TraceError, UserError
 from .types import Requests
 
+#: most requests a workload sample may hold (predicting a million takes seconds; more is a typo)
+MAX_REQUESTS = 1_000_000
+#: longest request a trace may give, in tokens (beyond any context window; larger is a bad row)
+MAX_TOKENS = 100_000_000
+
 #: (input, output, arrival) column names recognised without configuration
 KNOWN_COLUMNS = (
     ("input_len", "output_len", "arrival_s"),
@@ -47,6 +52,8 @@ def _int_cell(v, path: Path, line: int, col: str) -> int:
         raise TraceError(f"{path}, line {line}: column {col} = {v!r} is not a whole token count")
     if f < 1:
         raise TraceError(f"{path}, line {line}: column {col} = {v!r}; token counts must be >= 1")
+    if f > MAX_TOKENS:
+        raise TraceError(f"{path}, line {line}: column {col} = {v!r} is more than {MAX_TOKENS:,} tokens")
     return int(f)
 
 
@@ -98,6 +105,11 @@ def read_trace(
                     _take(row, cols, p, reader.line_num, ins, outs, arr)
     except UnicodeDecodeError:
         raise TraceError(f"{p}: not a UTF-8 text file; traces are CSV or JSONL") from None
+    except csv.Error as exc:  # a NUL byte, a field over the csv module's size limit, ...
+        line = reader.line_num if "reader" in locals() else 1
+        raise TraceError(f"{p}, line {line}: not a readable CSV row ({exc})") from None
+    except OSError as exc:
+        raise TraceError(f"{p}: cannot read the trace: {exc.strerror or exc}") from None
     if not ins:
         raise TraceError(f"{p}: the trace has no requests")
     arrival = None
@@ -118,10 +130,19 @@ def _take(row, cols, p, line_no, ins, outs, arr):
         arr.append(_arrival(row.get(a), p, line_no, a))
 
 
+def check_sample(n: int, seed: int, *, where: str = "") -> None:
+    """Refuse a sample size or seed no sampler can take (``where`` says whose they are)."""
+    if n < 1:
+        raise UserError(f"{where}requests = {n}: sample at least one request")
+    if n > MAX_REQUESTS:
+        raise UserError(f"{where}requests = {n}: at most {MAX_REQUESTS:,} requests per sample")
+    if seed < 0:
+        raise UserError(f"{where}seed = {seed}: a seed is an integer >= 0")
+
+
 def sample(requests: Requests, n: int, *, seed: int) -> Requests:
     """``n`` requests drawn at random (without replacement while the trace is large enough)."""
-    if n < 1:
-        raise UserError(f"requests = {n}: sample at least one request")
+    check_sample(n, seed)
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(requests), size=n, replace=n > len(requests))
     arr = None if requests.arrival_s is None else requests.arrival_s[idx]
@@ -138,6 +159,7 @@ def load_workload(
     arrival_column: str | None = None,
 ) -> Requests:
     """A trace file path or a built-in distribution name -> ``requests`` requests (all of a trace if None)."""
+    check_sample(200 if requests is None else requests, seed)
     p = Path(source)
     if p.suffix.lower() in (".csv", ".jsonl", ".ndjson") or p.exists():
         full = read_trace(p, input_column=input_column, output_column=output_column, arrival_column=arrival_column)
@@ -156,7 +178,10 @@ def fit_to(requests: Requests, max_len: int) -> tuple[Requests, int]:
 
 def scale_lengths(requests: Requests, factor: float) -> Requests:
     """Scale input and output lengths (rounded, at least 1): a trace's shape for a small model."""
-    if factor <= 0:
+    if not factor > 0:
         raise UserError(f"length_scale = {factor} must be positive")
+    longest = float(max(requests.input_len.max(initial=0), requests.output_len.max(initial=0))) * factor
+    if not longest <= MAX_TOKENS:
+        raise UserError(f"length_scale = {factor} makes requests longer than {MAX_TOKENS:,} tokens")
     f = lambda x: np.maximum(np.rint(x * factor), 1).astype(np.int64)  # noqa: E731
     return Requests(f(requests.input_len), f(requests.output_len), requests.arrival_s, requests.name)

@@ -14,6 +14,20 @@ from lens.types import Candidate, Requests
 from spaces import Space, load_space
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def int_arg(text: str) -> int:
+    """argparse ``type`` for integer flags: an int that fits 64 bits (argparse names the flag on error)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if abs(v) > _INT64_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is too large")
+    return v
+
+
 def int_list(text: str, *, flag: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip() != "")
@@ -21,6 +35,9 @@ def int_list(text: str, *, flag: str) -> tuple[int, ...]:
         raise UserError(f"{flag} {text!r}: give integers separated by commas, e.g. {flag} 64,128,256") from None
     if not vals:
         raise UserError(f"{flag} is empty: give integers separated by commas")
+    for v in vals:
+        if abs(v) > _INT64_MAX:
+            raise UserError(f"{flag} {text!r}: {v} is too large")
     return vals
 
 
@@ -33,8 +50,8 @@ def add_cache_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_unit_args(p: argparse.ArgumentParser, *, buckets_required: bool) -> None:
-    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
-    p.add_argument("--batch", type=int, required=True, help="batch size compiled into the unit")
+    p.add_argument("--tp", type=int_arg, required=True, help="tensor-parallel degree")
+    p.add_argument("--batch", type=int_arg, required=True, help="batch size compiled into the unit")
     p.add_argument(
         "--buckets", required=buckets_required, metavar="A,B,C",
         help="bucket set (context encoding and token generation)" + ("" if buckets_required else "; default: all of space.buckets"),
@@ -48,8 +65,8 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", metavar="I[,I...]", help="prompt length(s): one value, or one per request of the batch")
     p.add_argument("--output-len", metavar="O[,O...]", help="output length(s): one value, or one per request")
     p.add_argument("--workload", metavar="FILE|NAME", help="a trace file (CSV/JSONL) or a built-in distribution name")
-    p.add_argument("--requests", type=int, help="sample size from --workload (default: whole trace / 200)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed for --workload")
+    p.add_argument("--requests", type=int_arg, help="sample size from --workload (default: whole trace / 200)")
+    p.add_argument("--seed", type=int_arg, default=0, help="sampling seed for --workload")
     p.add_argument("--mode", choices=("static", "ragged"), help="batching mode (default: the space's target.batching)")
 
 
@@ -86,9 +103,19 @@ def requests_from_args(args, batch: int) -> Requests:
     if args.workload:
         if args.input_len or args.output_len:
             raise UserError("give either --workload or --input-len/--output-len, not both")
-        if args.requests is not None and args.requests < 1:
-            raise UserError(f"--requests {args.requests}: must be a positive integer")
-        return load_workload(args.workload, requests=args.requests, seed=args.seed)
+        from lens.errors import TraceError
+        from lens.workload import MAX_REQUESTS
+
+        if args.requests is not None and not 1 <= args.requests <= MAX_REQUESTS:
+            raise UserError(f"--requests {args.requests}: must be between 1 and {MAX_REQUESTS:,}")
+        if args.seed < 0:
+            raise UserError(f"--seed {args.seed}: a seed is an integer >= 0")
+        try:
+            return load_workload(args.workload, requests=args.requests, seed=args.seed)
+        except TraceError:
+            raise  # names the trace file and line
+        except UserError as exc:
+            raise UserError(f"--workload {args.workload}: {exc}") from None
     if not (args.input_len and args.output_len):
         raise UserError("give --input-len and --output-len (or --workload FILE|NAME)")
     ins = int_list(args.input_len, flag="--input-len")
@@ -100,9 +127,13 @@ def requests_from_args(args, batch: int) -> Requests:
         raise UserError(f"{n} requests for --batch {batch}: give at most one value per request of the batch, or use --workload")
     ins = ins * n if len(ins) == 1 else ins
     outs = outs * n if len(outs) == 1 else outs
+    from lens.workload import MAX_TOKENS
+
     for flag, vals in (("--input-len", ins), ("--output-len", outs)):
         if min(vals) < 1:
             raise UserError(f"{flag} {min(vals)}: token counts must be >= 1")
+        if max(vals) > MAX_TOKENS:
+            raise UserError(f"{flag} {max(vals)}: more than {MAX_TOKENS:,} tokens")
     return Requests(np.asarray(ins), np.asarray(outs), name="cli")
 
 

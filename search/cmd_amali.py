@@ -34,6 +34,10 @@ from lens.errors import UserError
 from lens.types import ModelShape
 
 
+#: the analytical model evaluates every decode step: longer requests than this are typos
+MAX_AMALI_TOKENS = 10_000_000
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -41,6 +45,8 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"{v} must be at least 1")
+    if v > MAX_AMALI_TOKENS:
+        raise argparse.ArgumentTypeError(f"{v} is more than {MAX_AMALI_TOKENS:,}")
     return v
 
 
@@ -212,9 +218,14 @@ def render(rep: dict[str, Any]) -> str:
 def handle(args: argparse.Namespace) -> int:
     target = load_target(args.space)
     spec = resolve_gpu(args.gpu, getattr(target, "hardware", ""), args.space)
-    rep = report(
-        model=target.model, spec=spec, tp=args.tp, batch=args.batch, input_len=args.input_len,
-        output_len=args.output_len, dtype=target.dtype, attention=args.attention,
-    )
+    try:
+        rep = report(
+            model=target.model, spec=spec, tp=args.tp, batch=args.batch, input_len=args.input_len,
+            output_len=args.output_len, dtype=target.dtype, attention=args.attention,
+        )
+    except UserError as exc:
+        if str(exc).startswith("tp="):  # the model cannot be split that way: say which flag and file
+            raise UserError(f"--tp {args.tp}: {exc} (the model of {args.space})") from None
+        raise
     print(json.dumps(rep, indent=2) if args.json else render(rep))
     return 0

@@ -9,8 +9,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lens.cache import EXPORT_FORMATS, ProfileCache, resolve_cache_path
+from lens.cache import EXPORT_FORMATS, ProfileCache, recover, resolve_cache_path
 from lens.errors import UserError
+
+from .cli_common import int_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,12 +46,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="overwrite profiles the cache already holds (default: keep them)")
     im.set_defaults(func=cmd_import)
 
+    rc = csub.add_parser("recover", parents=[common], help="salvage the profiles of a damaged cache into a new file",
+                         description="Copy every readable, valid profile of a damaged cache FILE (default: the "
+                                     "--cache file) into a new cache (default FILE.recovered). FILE is only read.")
+    rc.add_argument("file", metavar="FILE", nargs="?", help="the damaged cache file")
+    rc.add_argument("--to", metavar="NEW", help="the new cache file (default FILE.recovered; must not exist)")
+    rc.set_defaults(func=cmd_recover)
+
     rm = csub.add_parser("rm", parents=[common], help="remove profiles",
                          description="Remove the profiles matching every filter given; --all removes every profile.")
     rm.add_argument("--fingerprint", metavar="F", help="target fingerprint")
-    rm.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree")
-    rm.add_argument("--batch", type=int, metavar="N", help="batch size")
-    rm.add_argument("--bucket", type=int, metavar="N", help="bucket length")
+    rm.add_argument("--tp", type=int_arg, metavar="N", help="tensor-parallel degree")
+    rm.add_argument("--batch", type=int_arg, metavar="N", help="batch size")
+    rm.add_argument("--bucket", type=int_arg, metavar="N", help="bucket length")
     rm.add_argument("--all", action="store_true", help="remove every profile in the cache")
     rm.set_defaults(func=cmd_rm)
 
@@ -157,4 +166,17 @@ def cmd_rm(args: argparse.Namespace) -> int:
     with ProfileCache.open(path, create=False) as cache:
         n = cache.remove(**filters)
     print(f"removed {n} profile{'s' * (n != 1)} from {path}")
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    src = Path(args.file).expanduser() if args.file else resolve_cache_path(args.cache)
+    r = recover(src, args.to)
+    lost = ""
+    if r["skipped_rows"] or r["unreadable_parts"]:
+        lost = (f"; left out {r['skipped_rows']} invalid row(s) and {r['unreadable_parts']} unreadable part(s) "
+                f"(their units are profiled again when needed)")
+    print(f"recovered {r['profiles']} profile{'s' * (r['profiles'] != 1)} of {r['units']} unit"
+          f"{'s' * (r['units'] != 1)} from {src} into {r['path']}{lost}; {src} was not changed. "
+          f"Use --cache {r['path']}, or move it to {src}")
     return 0

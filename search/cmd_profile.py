@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shlex
+import sys
 import time
 
 import numpy as np
@@ -11,12 +12,16 @@ from lens.compose import UnitTable, predict
 from lens.errors import MissingProfiles
 from lens.metrics import summarize, summarize_prediction, tpot_of
 from runners import get_runner
+from spaces.loader import MAX_REPEATS
 
 from .cli_common import (
-    add_cache_arg, add_request_args, add_space_arg, add_unit_args, candidate_from_args, fmt_s, int_list,
+    add_cache_arg, add_request_args, add_space_arg, add_unit_args, candidate_from_args, fmt_s, int_arg, int_list,
     print_json, requests_from_args, space_and_unit, table,
 )
 from .profiler import check_subset, profile_missing
+
+#: most end-to-end runs of one ``measure`` (each runs the whole request list)
+MAX_MEASURE_REPEATS = 1000
 
 
 def register(sub) -> None:
@@ -25,7 +30,7 @@ def register(sub) -> None:
     add_space_arg(p)
     add_unit_args(p, buckets_required=False)
     add_cache_arg(p)
-    p.add_argument("--repeats", type=int, help="timed repeats of each run (default: the space's profile.repeats)")
+    p.add_argument("--repeats", type=int_arg, help="timed repeats of each run (default: the space's profile.repeats)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_profile)
 
@@ -43,7 +48,7 @@ def register(sub) -> None:
     add_space_arg(p)
     add_unit_args(p, buckets_required=True)
     add_request_args(p)
-    p.add_argument("--repeats", type=int, default=3, help="repeats; per-request medians are reported (default 3)")
+    p.add_argument("--repeats", type=int_arg, default=3, help="repeats; per-request medians are reported (default 3)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_measure)
 
@@ -57,16 +62,18 @@ def cmd_profile(args) -> int:
     buckets = int_list(args.buckets, flag="--buckets") if args.buckets else space.space.buckets
     check_subset(buckets, space.space.buckets, space.path)
     repeats = args.repeats if args.repeats is not None else space.profile.repeats
-    if repeats < 1:
+    if not 1 <= repeats <= MAX_REPEATS:
         from lens.errors import UserError
 
-        raise UserError(f"--repeats {repeats}: must be at least 1")
+        raise UserError(f"--repeats {repeats}: must be between 1 and {MAX_REPEATS:,}")
     runner = get_runner(space.target)
     fp = runner.fingerprint()
     with ProfileCache.open(resolve_cache_path(args.cache)) as cache:
         out = profile_missing(
             cache=cache, runner=runner, fingerprint=fp, tp=tp, batch=batch, buckets=sorted(buckets),
             all_buckets=space.space.buckets, repeats=repeats, max_output=space.profile.max_output,
+            attempts=space.profile.attempts, max_spread=space.profile.max_spread, lease_s=space.profile.lease_s,
+            log=lambda msg: print(msg, file=sys.stderr),
         )
         profiles = {b: p for b, p in cache.get_unit(fp, tp, batch).items() if b in buckets}
     sim = " (SIMULATED device)" if out.simulated or runner.simulated else ""
@@ -77,6 +84,7 @@ def cmd_profile(args) -> int:
             "simulated": bool(sim),
             "profiles": {str(b): {"ttft_s": p.ttft_s, "tbt_s": p.tbt_s, "spread": p.spread, "source": p.source}
                          for b, p in profiles.items()},
+            "noisy": {str(b): why for b, why in out.noisy.items()},
         })
         return 0
     print(f"{space.target.name}: runner {space.target.runner} on {space.target.hardware}{sim}, tp={tp} batch={batch}, fingerprint {fp}")
@@ -84,6 +92,8 @@ def cmd_profile(args) -> int:
     print(table(rows, ["bucket", "status", "source", "TTFT_b", "TBT_b", "spread"]))
     print(f"measured {len(out.measured)} bucket(s), reused {len(out.reused)} from the cache; "
           f"hardware seconds{sim}: compile {out.compile_s:.2f} s + run {out.run_s:.2f} s")
+    for why in out.noisy.values():
+        print(f"NOISY: {why}; kept, but predictions from it are less certain")
     return 0
 
 
@@ -152,10 +162,10 @@ def cmd_measure(args) -> int:
     space, tp, batch = space_and_unit(args)
     cand = candidate_from_args(args, space)
     requests = requests_from_args(args, batch)
-    if args.repeats < 1:
+    if not 1 <= args.repeats <= MAX_MEASURE_REPEATS:
         from lens.errors import UserError
 
-        raise UserError(f"--repeats {args.repeats}: must be at least 1")
+        raise UserError(f"--repeats {args.repeats}: must be between 1 and {MAX_MEASURE_REPEATS}")
     runner = get_runner(space.target)
     from lens.types import Unit
 

@@ -6,35 +6,58 @@ a node that has them.  Results come back as each task finishes (``ray.wait``), s
 caller can write them to the cache at once.  A task that fails is retried by Ray
 (``max_retries`` for a lost worker, ``retry_exceptions`` for an exception) and then
 reported with its error, never dropped.
+
+A profiling task first reports that it started (it is a streaming generator: a
+"started" item, then its result), so a per-task timeout counts from the moment the
+task runs, not from when it was queued behind others; a task past its timeout is
+cancelled with its worker (``ray.cancel(force=True)``) and reported as failed with the
+reason.  While tasks run, a ``tick`` callback is called every ``tick_s`` seconds (the
+search renews its claims on the units there).
 """
 from __future__ import annotations
 
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from lens.errors import DeviceOutOfMemory, UserError
+from lens.probes import DEFAULT_ATTEMPTS, DEFAULT_MAX_SPREAD, NoisyMeasurement
 from lens.types import Candidate, Requests, Target
 
 #: resources Ray names as arguments rather than in ``resources``
 _BUILTIN = {"CPU": "num_cpus", "GPU": "num_gpus"}
 
 
-def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, repeats: int, max_output: int):
+@dataclass(frozen=True)
+class TaskStarted:
+    """The first item of a profiling task: where it runs."""
+
+    pid: int
+    node_id: str
+    host: str
+
+
+def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, repeats: int, max_output: int,
+                  attempts: int = DEFAULT_ATTEMPTS, max_spread: float = DEFAULT_MAX_SPREAD):
     import dataclasses
 
     import ray
 
     from search.profiler import measure_unit
 
+    node_id = ray.get_runtime_context().get_node_id()
+    yield TaskStarted(pid=os.getpid(), node_id=node_id, host=socket.gethostname())
     try:
         m = measure_unit(target, tp=tp, batch=batch, buckets=buckets, all_buckets=all_buckets,
-                         repeats=repeats, max_output=max_output)
-    except (UserError, DeviceOutOfMemory) as exc:
-        return _Permanent(f"{type(exc).__name__}: {exc}")  # will fail the same way again: no retry
-    return dataclasses.replace(m, node_id=ray.get_runtime_context().get_node_id())
+                         repeats=repeats, max_output=max_output, attempts=attempts, max_spread=max_spread)
+    except (UserError, DeviceOutOfMemory, NoisyMeasurement) as exc:
+        # would fail the same way again (a noisy bucket was already measured `attempts` times)
+        yield _Permanent(f"{type(exc).__name__}: {exc}")
+        return
+    yield dataclasses.replace(m, node_id=node_id)
 
 
 def _confirm_task(target: Target, candidate: Candidate, requests: Requests):
@@ -91,6 +114,8 @@ class Dispatcher:
         self.num_cpus = num_cpus
         self._started_here = False
         self.tasks_dispatched = 0
+        #: key -> where its task runs now (profiling tasks, while they run)
+        self.running: dict[Any, TaskStarted] = {}
 
     def start(self) -> None:
         import ray
@@ -139,36 +164,104 @@ class Dispatcher:
                 return None
         return f"no node of the Ray cluster offers {need} for tp {tp}"
 
-    def _run(self, fn, jobs: Sequence[tuple[Any, int, tuple]]) -> Iterator[TaskOutcome]:
+    @staticmethod
+    def _get(key: Any, ref) -> TaskOutcome | Any:
+        import ray
+
+        try:
+            value = ray.get(ref)
+        except Exception as exc:  # reported to the caller with the cause, never dropped
+            cause = getattr(exc, "cause", None) or exc
+            msg = " ".join(str(cause).split())  # the whole message: summary and any stderr tail
+            return TaskOutcome(key, error=f"{type(cause).__name__}: {msg[:2000]}")
+        if isinstance(value, _Permanent):
+            return TaskOutcome(key, error=value.error)
+        if isinstance(value, TaskStarted):
+            return value
+        return TaskOutcome(key, value=value)
+
+    def _run(self, fn, jobs: Sequence[tuple[Any, int, tuple]], *, streaming: bool = False,
+             timeout_s: float | None = None, tick: Callable[[list], None] | None = None,
+             tick_s: float = 30.0) -> Iterator[TaskOutcome]:
         import ray
 
         remote = ray.remote(fn)
-        pending = {}
+        pending: dict[Any, Any] = {}
+        began: dict[Any, float] = {}  # key -> when its TaskStarted arrived (this clock)
         for key, tp, args in jobs:
-            ref = remote.options(**self._options(tp)).remote(*args)
+            opts = self._options(tp)
+            if streaming:
+                opts["num_returns"] = "streaming"
+            ref = remote.options(**opts).remote(*args)
             pending[ref] = key
             self.tasks_dispatched += 1
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                key = pending.pop(ref)
-                try:
-                    value = ray.get(ref)
-                    if isinstance(value, _Permanent):
-                        yield TaskOutcome(key, error=value.error)
+        last_tick = time.monotonic()
+        try:
+            while pending:
+                now = time.monotonic()
+                waits = []
+                if tick is not None:
+                    waits.append(last_tick + tick_s - now)
+                deadlines = [began[k] + timeout_s for k in pending.values() if k in began] if timeout_s else []
+                if deadlines:  # (a task that starts makes ray.wait return: its TaskStarted arrives)
+                    waits.append(min(deadlines) - now)
+                wait_s = max(0.0, min(waits)) if waits else None
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+                for ref in done:
+                    key = pending[ref]
+                    if streaming:
+                        try:
+                            item = next(ref)
+                        except StopIteration:
+                            pending.pop(ref)
+                            self.running.pop(key, None)
+                            yield TaskOutcome(key, error="RuntimeError: the task ended without a result")
+                            continue
+                        got = self._get(key, item)
                     else:
-                        yield TaskOutcome(key, value=value)
-                except Exception as exc:  # reported to the caller with the cause, never dropped
-                    cause = getattr(exc, "cause", None) or exc
-                    msg = " ".join(str(cause).split())  # the whole message: summary and any stderr tail
-                    yield TaskOutcome(key, error=f"{type(cause).__name__}: {msg[:2000]}")
+                        got = self._get(key, ref)
+                    if isinstance(got, TaskStarted):
+                        began.setdefault(key, time.monotonic())
+                        self.running[key] = got
+                        continue
+                    pending.pop(ref)
+                    self.running.pop(key, None)
+                    yield got
+                now = time.monotonic()
+                if timeout_s:
+                    for ref, key in list(pending.items()):
+                        if key in began and now - began[key] >= timeout_s:
+                            ray.cancel(ref, force=True)  # stops the worker, and what it started
+                            pending.pop(ref)
+                            self.running.pop(key, None)
+                            yield TaskOutcome(key, error=f"TimeoutError: still running after {timeout_s:g} s "
+                                                         f"(profile.timeout_s); the task was cancelled and its worker stopped")
+                if tick is not None and now - last_tick >= tick_s:
+                    tick(list(pending.values()))
+                    last_tick = now
+        finally:
+            for ref in pending:  # the caller stopped early (budget spent, interrupted): free the workers
+                try:
+                    ray.cancel(ref, force=streaming)
+                except Exception:  # best effort: Ray may be shutting down
+                    pass
+            for key in pending.values():
+                self.running.pop(key, None)
 
     def profile_units(self, target: Target, units: Mapping[tuple[int, int], Sequence[int]], *, all_buckets,
-                      repeats: int, max_output: int) -> Iterator[TaskOutcome]:
-        """One task per unit measuring its listed buckets (one compilation for all of them)."""
-        jobs = [((tp, b), tp, (target, tp, b, tuple(sorted(bk)), tuple(all_buckets), repeats, max_output))
+                      repeats: int, max_output: int, attempts: int = DEFAULT_ATTEMPTS,
+                      max_spread: float = DEFAULT_MAX_SPREAD, timeout_s: float | None = None,
+                      tick: Callable[[list], None] | None = None, tick_s: float = 30.0) -> Iterator[TaskOutcome]:
+        """One task per unit measuring its listed buckets (one compilation for all of them).
+
+        ``timeout_s``: most seconds a task may run from its start (a retry after a lost
+        worker continues the same clock); ``tick(keys of the tasks still pending)`` is
+        called every ``tick_s`` seconds while they run.
+        """
+        jobs = [((tp, b), tp, (target, tp, b, tuple(sorted(bk)), tuple(all_buckets), repeats, max_output,
+                               attempts, max_spread))
                 for (tp, b), bk in units.items()]
-        return self._run(_measure_task, jobs)
+        return self._run(_measure_task, jobs, streaming=True, timeout_s=timeout_s, tick=tick, tick_s=tick_s)
 
     def confirm(self, target: Target, candidates: Sequence[Candidate], requests: Requests) -> Iterator[TaskOutcome]:
         jobs = [(c, c.tp, (target, c, requests)) for c in candidates]

@@ -12,14 +12,24 @@
 4. The final front keeps only candidates predicted from measured profiles; the top-k are
    confirmed on the hardware (the workload sample run by the runner).
 5. Everything lands in ``results/<run>/``; a rerun of the same command resumes.
+
+Faults it survives: a unit is claimed in the cache before its task is dispatched, so two
+searches sharing a cache profile it once (the second waits for the first's profiles); a
+task past ``profile.timeout_s`` is cancelled and its unit recorded as failed; a worker
+lost mid-task is retried by Ray; a kill at any moment loses no trial (the journal is
+appended per trial) and no measured unit (the cache is written per unit). A results
+folder that cannot be written (read-only, disk full) stops the search with a
+``ResultsError`` naming the file; the cache is a separate file and stays whole.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import platform
 import signal
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +38,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from lens.cache import ProfileCache, resolve_cache_path
+from lens.cache import ProfileCache, new_claimant_id, resolve_cache_path
 from lens.errors import LensoptError, UserError
 from lens.metrics import summarize
 from lens.types import Candidate, Requests, Unit, stable_hash
@@ -44,10 +54,14 @@ from .prior import AmaliPrior, ScalingPrior
 from .profiler import UnitMeasurement, store
 
 SAMPLERS = ("nsga2", "tpe", "random")
+#: seconds between two looks at a unit another process is profiling
+CLAIM_POLL_S = 1.0
 #: candidates within this factor of the front on both objectives make their unit promising
 NEAR_FRONT = 0.0
 #: most units profiled per round: later rounds see better priors, so fewer wasted units
 UNITS_PER_ROUND = 4
+#: a unit is profiled only if its candidates could add this share of the front's hypervolume
+MIN_HV_GAIN = 0.0
 #: most bucket sets of one measured unit evaluated exhaustively
 SWEEP_CAP = 4096
 
@@ -61,6 +75,19 @@ class SearchResult:
     info: dict = field(default_factory=dict)
 
 
+class ResultsError(UserError):
+    """The results folder cannot be written (read-only, not a folder, disk full)."""
+
+
+def _results_error(path: Path, exc: BaseException) -> ResultsError:
+    where = getattr(exc, "filename", None) or path
+    why = getattr(exc, "strerror", None) or str(exc)
+    hint = ("free some space on its disk" if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+            else "make it writable")
+    return ResultsError(f"cannot write {where}: {why}; {hint} or pass --results DIR (the profile cache is a "
+                        f"separate file and keeps every unit measured so far)")
+
+
 class _Journal:
     """Append-only record of every trial (JSON lines): a killed run loses none of them."""
 
@@ -68,24 +95,47 @@ class _Journal:
         self.path = path
 
     def load(self) -> list[dict]:
+        """The trials of the journal; a last line cut by a kill is dropped from the file."""
         if not self.path.exists():
             return []
-        out = []
-        with self.path.open() as fh:
-            for line in fh:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # a line cut by a kill: everything before it is whole
+        if not self.path.is_file():
+            raise ResultsError(f"{self.path} is not a regular file (the trial journal); move it away or pass --results DIR")
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise _results_error(self.path, exc) from None
+        out, good_end, pos = [], 0, 0
+        while pos < len(data):
+            nl = data.find(b"\n", pos)
+            end = len(data) if nl < 0 else nl + 1
+            line = data[pos:end].strip()
+            pos = end
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                rec = None
+            if not isinstance(rec, dict) or nl < 0:
+                continue  # a line cut by a kill (or never finished): skipped; a cut tail is dropped below
+            out.append(rec)
+            good_end = end
+        if data[good_end:].strip():
+            # later appends must not land behind a broken line, where a reader would stop
+            try:
+                with self.path.open("r+b") as fh:
+                    fh.truncate(good_end)
+            except OSError as exc:
+                raise _results_error(self.path, exc) from None
         return out
 
     def append(self, rec: dict) -> None:
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
+        try:
+            with self.path.open("a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+                fh.flush()
+        except OSError as exc:
+            raise _results_error(self.path, exc) from None
 
 
 def _versions(runner) -> dict[str, str]:
@@ -119,20 +169,40 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
     if workload is None and spec is None:
         raise UserError(f"{space.path}: no [workload] table; add one (trace = \"FILE\" or distribution = \"NAME\") "
                         f"or pass --workload FILE|NAME")
-    n = requests or (spec.requests if spec else 200)
+    from lens.errors import TraceError
+    from lens.workload import MAX_REQUESTS
+
+    if requests is not None and not 1 <= requests <= MAX_REQUESTS:
+        raise UserError(f"--requests {requests}: give a sample size between 1 and {MAX_REQUESTS:,}")
+    if seed is not None and seed < 0:
+        raise UserError(f"--seed {seed}: a seed is an integer >= 0")
+    n = requests if requests is not None else (spec.requests if spec else 200)
     s = seed if seed is not None else (spec.seed if spec else 0)
     if workload is not None:  # overrides the source; the space's length_scale and drop_longer still apply
-        req = load_workload(workload, requests=n, seed=s)
         src = workload
+        try:
+            req = load_workload(workload, requests=n, seed=s)
+        except TraceError:
+            raise  # names the trace file and line
+        except UserError as exc:
+            raise UserError(f"--workload {workload}: {exc}") from None
     else:
         src = spec.trace if spec.trace is not None else spec.distribution
-        req = load_workload(src, requests=n, seed=s, input_column=spec.input_column,
-                            output_column=spec.output_column, arrival_column=spec.arrival_column)
+        try:
+            req = load_workload(src, requests=n, seed=s, input_column=spec.input_column,
+                                output_column=spec.output_column, arrival_column=spec.arrival_column)
+        except TraceError:
+            raise
+        except UserError as exc:
+            raise UserError(f"{space.path}: [workload]: {exc}") from None
     desc = {"source": str(src), "requests": n, "seed": s}
     if spec is not None and spec.length_scale != 1.0:
         from lens.workload import scale_lengths
 
-        req = scale_lengths(req, spec.length_scale)
+        try:
+            req = scale_lengths(req, spec.length_scale)
+        except UserError as exc:
+            raise UserError(f"{space.path}: workload.{exc}") from None
         desc["length_scale"] = spec.length_scale
     max_len = space.space.buckets[-1]
     fitted, dropped = fit_to(req, max_len)
@@ -144,7 +214,8 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
             )
         desc["dropped_longer"] = dropped
         if len(fitted) == 0:
-            raise UserError(f"every sampled request is longer than the largest bucket {max_len}; add a larger bucket")
+            raise UserError(f"every sampled request of {src} is longer than the largest bucket {max_len} of "
+                            f"space.buckets in {space.path}; add a larger bucket (or lower workload.length_scale)")
     desc.update({"input_mean": float(fitted.input_len.mean()), "output_mean": float(fitted.output_len.mean()),
                  "input_max": int(fitted.input_len.max()), "output_max": int(fitted.output_len.max())})
     return fitted, desc
@@ -212,11 +283,16 @@ def run(
         check_address(ray_address)  # before anything is written
     run_name = name or default_run_name(sp, [workload, requests, seed, sampler])
     run_dir = Path(results_dir) / run_name
+    cache_path = resolve_cache_path(str(cache) if cache is not None else None)
+    if os.path.lexists(cache_path):  # a damaged or foreign cache stops the run before anything is written
+        ProfileCache.open(cache_path, create=False).close()
     _prepare_dir(run_dir, fresh=fresh)
     if sp.path.exists():
-        (run_dir / "space.toml").write_bytes(sp.path.read_bytes())
+        try:
+            (run_dir / "space.toml").write_bytes(sp.path.read_bytes())
+        except OSError as exc:
+            raise _results_error(run_dir / "space.toml", exc) from None
     runner = get_runner(sp.target)
-    cache_path = resolve_cache_path(str(cache) if cache is not None else None)
     t_start = time.time()
     dispatcher = Dispatcher(resources_for=sp.hosts.resources_for, address=ray_address, num_cpus=num_cpus)
     # Ray forks its daemons: start it before a runner's SDK (e.g. JAX) starts threads here
@@ -270,7 +346,8 @@ def confirm_run(
     rd = Path(run_dir)
     info = _load_json(rd / "run.json")
     if not info or not (rd / "pareto.csv").exists():
-        raise UserError(f"{rd} is not a finished lensopt run (no run.json / pareto.csv); give a results/<run> folder")
+        raise UserError(f"RESULTS_DIR {str(run_dir) or repr('')} is not a finished lensopt run (no run.json / "
+                        f"pareto.csv in {rd.absolute()}); give a results/<run> folder")
     space_file = rd / "space.toml"
     sp = load_space(space_file if space_file.exists() else info["space"])
     w = info.get("workload", {})
@@ -326,7 +403,9 @@ def _prepare_dir(run_dir: Path, *, fresh: bool) -> None:
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        raise UserError(f"results directory {run_dir} is not writable ({exc.strerror}); pass --results DIR") from None
+        raise ResultsError(f"results directory {run_dir} is not writable ({exc.strerror or exc}"
+                           f"{': ' + str(exc.filename) if exc.filename and str(exc.filename) != str(run_dir) else ''}); "
+                           f"pass --results DIR") from None
 
 
 def _read_confirm(run_dir: Path) -> pd.DataFrame | None:
@@ -344,8 +423,11 @@ class _State:
         self.dispatcher: Dispatcher | None = None
         self.journal = _Journal(run_dir / "trials.jsonl")
         self.info: dict[str, Any] = {"units_reused": [], "units_measured": [], "units_failed": {},
+                                     "units_noisy": {}, "units_waited": [],
                                      "profile_hardware_s": 0.0, "confirm_hardware_s": 0.0, "profile_tasks": 0,
                                      "confirm_tasks": 0}
+        #: who this search is when it claims units in the shared cache
+        self.owner = new_claimant_id()
         self.ev = Evaluator(space, reqs, unit_check=self._unit_check)
         self.trial_log: list[dict] = []
         self.profile_tasks_this_run = 0
@@ -370,7 +452,8 @@ class _State:
     def setup(self, *, profile_all: bool = False) -> None:
         sp = self.sp
         prev = _load_json(self.run_dir / "run.json")
-        for key in ("units_measured", "units_failed", "profile_hardware_s", "confirm_hardware_s", "profile_tasks", "confirm_tasks"):
+        for key in ("units_measured", "units_failed", "units_noisy", "profile_hardware_s", "confirm_hardware_s",
+                    "profile_tasks", "confirm_tasks"):
             if key in prev and prev.get("fingerprint") == self.fp:
                 self.info[key] = prev[key] if not isinstance(prev[key], list) else [tuple(u) for u in prev[key]]
         self.info["units_measured"] = [tuple(u) for u in self.info["units_measured"]]
@@ -378,6 +461,7 @@ class _State:
             prof = {b: p for b, p in self.cache.get_unit(self.fp, *unit).items() if b in sp.space.buckets}
             if prof:
                 self.ev.set_measured(unit, prof)
+                self._note_spread(unit, prof)
                 if unit not in self.info["units_measured"]:
                     self.info["units_reused"].append(unit)
         amali = AmaliPrior.for_hardware(sp.target.model, sp.target.dtype, sp.target.hardware)
@@ -422,37 +506,104 @@ class _State:
         return cap is None or self.info["profile_hardware_s"] < cap
 
     def profile(self, units: dict[tuple[int, int], list[int]]) -> None:
-        """Measure the listed buckets of each unit: one Ray task (one compilation) per unit."""
+        """Measure the listed buckets of each unit: one Ray task (one compilation) per unit.
+
+        Each unit is claimed in the cache first; a unit another search is profiling is
+        waited for (its profiles are read when they land) rather than measured again.
+        """
         have = self.ev.measured
         units = {u: sorted(b for b in bk if b not in have.get(u, {})) for u, bk in units.items() if u not in self.ev.failed}
         units = {u: bk for u, bk in units.items() if bk}
-        if not units:
-            return
+        told: set[tuple[int, int]] = set()
+        try:
+            while units:
+                granted, waiting = {}, {}
+                for u, bk in units.items():
+                    c = self.cache.claim_unit(fingerprint=self.fp, tp=u[0], batch=u[1], buckets=bk, owner=self.owner,
+                                              lease_s=self.sp.profile.lease_s)
+                    if c.granted:
+                        granted[u] = list(c.missing)
+                    elif not c.missing:
+                        self._take_from_cache(u, waited=u in told)
+                    else:
+                        waiting[u] = bk
+                        if u not in told:
+                            told.add(u)
+                            self.log(f"  unit tp={u[0]} batch={u[1]} is being profiled by {c.holder} (same cache); "
+                                     f"waiting for its profiles instead of measuring it again")
+                if granted:
+                    self._dispatch(granted)
+                elif waiting:
+                    time.sleep(CLAIM_POLL_S)
+                units = waiting
+        finally:
+            self.cache.release_claims(owner=self.owner)
+        self._checkpoint()
+
+    def _take_from_cache(self, unit: tuple[int, int], *, waited: bool) -> None:
+        prof = {b: p for b, p in self.cache.get_unit(self.fp, *unit).items() if b in self.sp.space.buckets}
+        self.ev.set_measured(unit, prof)
+        self._note_spread(unit, prof)
+        if unit not in self.info["units_measured"] and unit not in self.info["units_reused"]:
+            self.info["units_reused"].append(unit)
+        if waited:
+            self.info["units_waited"].append(list(unit))
+            self.log(f"  unit tp={unit[0]} batch={unit[1]}: profiled by another search; {len(prof)} buckets read from the cache")
+
+    def _dispatch(self, units: dict[tuple[int, int], list[int]]) -> None:
         sp = self.sp
+        lease = sp.profile.lease_s
+
+        def renew(keys: list) -> None:  # while tasks run: our claims must outlive them
+            self.cache.renew_claims(owner=self.owner, units=[(self.fp, t, b) for t, b in keys], lease_s=lease)
+
         bar = _bar(len(units), "profiling units", self.progress)
         for out in self.dispatcher.profile_units(sp.target, units, all_buckets=sp.space.buckets,
-                                                 repeats=sp.profile.repeats, max_output=sp.profile.max_output):
+                                                 repeats=sp.profile.repeats, max_output=sp.profile.max_output,
+                                                 attempts=sp.profile.attempts, max_spread=sp.profile.max_spread,
+                                                 timeout_s=sp.profile.timeout_s, tick=renew, tick_s=lease / 3):
             self.info["profile_tasks"] += 1
             self.profile_tasks_this_run += 1
             unit = out.key
             if out.error:
+                self.cache.release_claims(owner=self.owner, units=[(self.fp, *unit)])
                 self.ev.set_failed(unit, out.error)
                 self.info["units_failed"][f"{unit[0]}x{unit[1]}"] = out.error
-                self.log(f"  unit tp={unit[0]} batch={unit[1]}: FAILED after retries: {out.error}")
+                self.log(f"  unit tp={unit[0]} batch={unit[1]}: FAILED: {out.error}")
             else:
                 m: UnitMeasurement = out.value
-                store(self.cache, self.fp, sp.target, m, self.runner.name)  # whole unit, one transaction
+                # whole unit and the end of its claim, one transaction
+                store(self.cache, self.fp, sp.target, m, self.runner.name, release_owner=self.owner)
                 self.ev.set_measured(unit, m.profiles)
                 self.info["units_measured"].append(unit)
                 self.info["profile_hardware_s"] += m.hardware_s
                 self.info.setdefault("unit_tasks", []).append(
                     {"tp": unit[0], "batch": unit[1], "buckets": sorted(m.profiles), "node_id": m.node_id,
-                     "started_at": m.started_at, "ended_at": m.ended_at, "hardware_s": m.hardware_s})
+                     "started_at": m.started_at, "ended_at": m.ended_at, "hardware_s": m.hardware_s,
+                     "attempts": m.attempts})
+                self._note_spread(unit, m.profiles, m.noisy)
                 sim = " simulated" if m.simulated else ""
+                noisy = f"; NOISY: {'; '.join(m.noisy.values())}" if m.noisy else ""
                 self.log(f"  unit tp={unit[0]} batch={unit[1]}: {len(m.profiles)} buckets measured on {m.host}, "
-                         f"{m.hardware_s:.1f}{sim} hardware-s (compile {m.compile_s:.1f} s)")
+                         f"{m.hardware_s:.1f}{sim} hardware-s (compile {m.compile_s:.1f} s){noisy}")
             bar.update(1)
         bar.close()
+
+    def _note_spread(self, unit: tuple[int, int], profiles: dict, reasons: dict | None = None) -> None:
+        """Record the buckets of a unit whose repeats spread more than profile.max_spread."""
+        lim = self.sp.profile.max_spread
+        noisy = {str(b): (reasons or {}).get(b) or f"bucket {b}: repeats spread {p.spread:.0%} of their median "
+                                                      f"(more than profile.max_spread = {lim:.0%})"
+                 for b, p in profiles.items() if p.spread > lim or b in (reasons or {})}
+        if noisy:
+            self.info["units_noisy"].setdefault(f"{unit[0]}x{unit[1]}", {}).update(noisy)
+
+    def _checkpoint(self) -> None:
+        """run.json as it stands, so a run killed later still knows what it measured."""
+        info = dict(self.info, state="running")
+        info["units_measured"] = [list(u) for u in dict.fromkeys(map(tuple, info["units_measured"]))]
+        info["units_reused"] = [list(u) for u in info["units_reused"]]
+        _write_json(self.run_dir / "run.json", info)
 
     # -- the study -----------------------------------------------------------------------
     def _new_study(self, sampler: str):
@@ -561,6 +712,12 @@ class _State:
         ok = [e for e in evs if e.meets_slo(self.sp)]
         if not ok:
             return []
+        # bucket sets that predict exactly alike (a bucket no request uses): keep the one
+        # with fewest buckets, the cheapest to compile and to hold in device memory
+        best: dict[tuple[float, float], Evaluation] = {}
+        for e in sorted(ok, key=lambda e: (len(e.candidate.ctx_buckets) + len(e.candidate.tkg_buckets), e.candidate.label())):
+            best.setdefault(tuple(e.values(self.sp)), e)
+        ok = list(best.values())
         vals = np.array([e.values(self.sp) for e in ok])
         mask = pareto_mask(vals[:, 0], vals[:, 1])
         return [e for e, m in zip(ok, mask) if m]
@@ -590,6 +747,13 @@ class _State:
             if near:
                 out.setdefault(unit, set()).update(self.ev.missing(e.candidate))
                 gain[unit] = max(gain.get(unit, 0.0), self._hv_gain(e, front))
+        if front and len(fv):
+            # a unit whose candidates would add under MIN_HV_GAIN of the front's hypervolume
+            # is not worth a compilation: the prior ranks, the threshold stops the search
+            from .pareto import hypervolume
+
+            total = hypervolume(fv[:, 0], fv[:, 1], ref_latency=float(fv[:, 1].max() * 1.1))
+            out = {u: b for u, b in out.items() if total <= 0 or gain[u] >= MIN_HV_GAIN * total}
         best = sorted(out, key=lambda u: -gain[u])[:UNITS_PER_ROUND]
         return {u: sorted(out[u]) for u in sorted(best)}
 
@@ -655,7 +819,10 @@ class _State:
                 break
         bar.close()
         df = pd.DataFrame(rows)
-        df.to_csv(self.run_dir / "confirm.csv", index=False)
+        try:
+            df.to_csv(self.run_dir / "confirm.csv", index=False)
+        except OSError as exc:
+            raise _results_error(self.run_dir / "confirm.csv", exc) from None
         return df
 
     # -- outputs -------------------------------------------------------------------------
@@ -676,6 +843,18 @@ class _State:
 
     def finish_files(self, *, front: pd.DataFrame | None = None, confirm: pd.DataFrame | None = None,
                      partial: bool = False) -> SearchResult:
+        try:
+            return self._finish_files(front=front, confirm=confirm, partial=partial)
+        except OSError as exc:
+            raise _results_error(self.run_dir, exc) from None
+        except Exception as exc:
+            # the study mirror is written through SQLAlchemy, which wraps "disk full" in its own error
+            if type(exc).__module__.startswith("sqlalchemy") or isinstance(exc, sqlite3.Error):
+                raise _results_error(self.run_dir / "study.sqlite", exc) from None
+            raise
+
+    def _finish_files(self, *, front: pd.DataFrame | None, confirm: pd.DataFrame | None,
+                      partial: bool) -> SearchResult:
         from .deploy import write_deploy
         from .report import write_report
 
@@ -853,8 +1032,15 @@ def _write_json(p: Path, obj: dict) -> None:
     from .cli_common import _clean
 
     tmp = p.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_clean(obj), indent=2, default=str))
-    os.replace(tmp, p)
+    try:
+        tmp.write_text(json.dumps(_clean(obj), indent=2, default=str))
+        os.replace(tmp, p)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise _results_error(p, exc) from None
 
 
 class _NoBar:

@@ -5,6 +5,7 @@ Every error names the file, the key and the fix; unknown keys are errors, never 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -20,6 +21,10 @@ BATCHING = ("static", "ragged")
 #: metrics an objective or SLO may name (lens.metrics.summarize keys)
 LATENCY_METRICS = tuple(f"{k}_{s}_s" for k in ("ttft", "tpot", "e2e") for s in ("mean", "p50", "p90", "p99"))
 THROUGHPUT_METRICS = ("throughput_tok_s_per_chip", "throughput_tok_s")
+_INT64_MAX = 2**63 - 1
+#: most timed repeats of one probe, and most measurements of a noisy bucket
+MAX_REPEATS = 10_000
+MAX_ATTEMPTS = 8
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,15 @@ class Budget:
 class ProfileSettings:
     repeats: int = 3
     max_output: int = 128
+    #: most seconds one profiling task may run (compile and runs of a unit); None: no limit
+    timeout_s: float | None = None
+    #: measurements of a bucket whose runs are impossible (T2 <= T1) or too noisy, at most
+    attempts: int = 3
+    #: largest accepted spread (max - min) / median of a probe's repeats before measuring again
+    max_spread: float = 0.5
+    #: seconds a claim on a unit lasts unless renewed (renewed every third of it while the
+    #: task runs); another process waits at most this long for a claimant that died
+    lease_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -114,12 +128,13 @@ class _Section:
 
     def __init__(self, path: Path, name: str, data: Any, allowed: set[str]):
         self.path, self.name = path, name
+        where = f"[{name}]" if name else "the top level"
         if not isinstance(data, dict):
-            self.fail(f"[{name}] must be a table")
+            self.fail(f"{where} must be a table")
         unknown = sorted(set(data) - allowed)
         if unknown:
             self.fail(
-                f"[{name}] has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+                f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}"
             )
         self.data = data
 
@@ -139,6 +154,10 @@ class _Section:
             v = float(v)
         if isinstance(v, bool) and typ is not bool or not isinstance(v, typ):
             self.fail(f"{self.key(k)} = {v!r} must be {_typename(typ)}")
+        if typ is float and not math.isfinite(v):
+            self.fail(f"{self.key(k)} = {v!r} must be a finite number")
+        if typ is int and abs(v) > _INT64_MAX:
+            self.fail(f"{self.key(k)} = {v} is too large")
         if choices is not None and v not in choices:
             self.fail(f"{self.key(k)} = {v!r} is not one of {', '.join(map(str, choices))}")
         return v
@@ -156,6 +175,8 @@ class _Section:
         for x in v:
             if isinstance(x, bool) or not isinstance(x, int) or x < 1:
                 self.fail(f"{self.key(k)} = {v!r}: {x!r} is not a positive integer")
+            if x > _INT64_MAX:
+                self.fail(f"{self.key(k)} = {v!r}: {x} is too large")
         if len(set(v)) != len(v):
             self.fail(f"{self.key(k)} = {v!r} has repeated values; list each once")
         return tuple(v)
@@ -169,11 +190,15 @@ def _typename(t) -> str:
 
 def load_space(path: str | Path) -> Space:
     """Read and validate a space file; raise ``SpaceError`` naming file, key and fix."""
+    if not str(path).strip():
+        raise SpaceError("SPACE is empty: give a space file (TOML), e.g. spaces/quickstart.toml")
     p = Path(path)
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
         raise SpaceError(f"{p}: no such space file (see spaces/quickstart.toml for an example)") from None
+    except IsADirectoryError:
+        raise SpaceError(f"{p}: is a directory; give a space file (TOML), e.g. spaces/quickstart.toml") from None
     except OSError as exc:
         raise SpaceError(f"{p}: cannot read the space file: {exc.strerror}") from None
     try:
@@ -231,7 +256,7 @@ def _target(path: Path, data) -> tuple[Target, str]:
         dtype=s.get("dtype", str, "bfloat16", choices=DTYPES),
         model=model,
         options=tuple(sorted(options.items())),
-        seed=s.get("seed", int, 0),
+        seed=_seed(s, "seed"),
     )
     try:
         schema = runner_class(runner).options_schema
@@ -241,15 +266,27 @@ def _target(path: Path, data) -> tuple[Target, str]:
         o = _Section(path, "target.options", options, set(schema))
         for k, (typ, default) in schema.items():
             o.get(k, typ, default)
+        # the runner checks its values too (ranges, the device kind): say which file they came from
+        try:
+            runner_class(runner)(target)
+        except RunnerUnavailable:
+            pass
+        except UserError as exc:
+            s.fail(f"[target] / [target.options]: {exc}")
     return target, s.get("batching", str, "static", choices=BATCHING)
 
 
 def _space(path: Path, data, target: Target) -> SearchSpace:
+    from lens.workload import MAX_TOKENS
+
     s = _Section(path, "space", data, {"tp", "batch", "buckets", "max_buckets", "tie_buckets"})
     tp = s.int_list("tp")
     batch = s.int_list("batch")
+    raw_buckets = s.get("buckets", list)
+    if any(isinstance(b, int) and not isinstance(b, bool) and b > MAX_TOKENS for b in raw_buckets):
+        s.fail(f"space.buckets = {raw_buckets!r}: a bucket longer than {MAX_TOKENS:,} tokens is not a sequence length")
     try:
-        buckets = validate_buckets(s.get("buckets", list), what=f"{path}: space.buckets")
+        buckets = validate_buckets(raw_buckets, what=f"{path}: space.buckets")
     except UserError as exc:
         raise SpaceError(str(exc)) from None
     m = target.model
@@ -278,17 +315,39 @@ def _workload(path: Path, data) -> WorkloadSpec:
     dist = s.get("distribution", str, None)
     if (trace is None) == (dist is None):
         s.fail("[workload] needs exactly one of trace = \"FILE\" or distribution = \"NAME\"")
+    from lens.workload import MAX_REQUESTS
+
+    requests = s.positive_int("requests", 200)
+    if requests > MAX_REQUESTS:
+        s.fail(f"workload.requests = {requests} is more than {MAX_REQUESTS:,}; sample fewer requests")
+    seed = s.get("seed", int, 0)
+    if seed < 0:
+        s.fail(f"workload.seed = {seed} must be an integer >= 0")
     return WorkloadSpec(
         trace=(path.parent / trace) if trace is not None else None,
         distribution=dist,
-        requests=s.positive_int("requests", 200),
-        seed=s.get("seed", int, 0),
+        requests=requests,
+        seed=seed,
         input_column=s.get("input_column", str, None),
         output_column=s.get("output_column", str, None),
         arrival_column=s.get("arrival_column", str, None),
-        length_scale=_positive(s, "length_scale", 1.0),
+        length_scale=_length_scale(s),
         drop_longer=s.get("drop_longer", bool, False),
     )
+
+
+def _length_scale(s: "_Section") -> float:
+    v = _positive(s, "length_scale", 1.0)
+    if v > 1000:
+        s.fail(f"workload.length_scale = {v} is more than 1000; it multiplies every request length")
+    return v
+
+
+def _seed(s: "_Section", k: str) -> int:
+    v = s.get(k, int, 0)
+    if v < 0:
+        s.fail(f"{s.key(k)} = {v} must be an integer >= 0")
+    return v
 
 
 def _positive(s: "_Section", k: str, default: float) -> float:
@@ -354,8 +413,24 @@ def _budget(path: Path, data) -> Budget:
 
 
 def _profile(path: Path, data) -> ProfileSettings:
-    s = _Section(path, "profile", data, {"repeats", "max_output"})
+    s = _Section(path, "profile", data, {"repeats", "max_output", "timeout_s", "attempts", "max_spread", "lease_s"})
     mo = s.positive_int("max_output", 128)
     if mo < 2:
         s.fail("profile.max_output must be at least 2 (two output lengths per bucket)")
-    return ProfileSettings(repeats=s.positive_int("repeats", 3), max_output=mo)
+    timeout = s.get("timeout_s", float, None)
+    if timeout is not None:
+        timeout = _positive(s, "timeout_s", 1.0)
+    repeats = s.positive_int("repeats", 3)
+    if repeats > MAX_REPEATS:
+        s.fail(f"profile.repeats = {repeats} is more than {MAX_REPEATS:,}")
+    attempts = s.positive_int("attempts", 3)
+    if attempts > MAX_ATTEMPTS:
+        s.fail(f"profile.attempts = {attempts} is more than {MAX_ATTEMPTS} (each attempt doubles the repeats)")
+    return ProfileSettings(
+        repeats=repeats,
+        max_output=mo,
+        timeout_s=timeout,
+        attempts=attempts,
+        max_spread=_positive(s, "max_spread", 0.5),
+        lease_s=_positive(s, "lease_s", 120.0),
+    )

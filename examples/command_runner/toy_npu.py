@@ -20,7 +20,11 @@ bucket at step k is the one of the longest context among the requests still gene
 TTFT and E2E are measured from the start of the request's batch.
 
 For tests, ``--mode`` makes it misbehave (``--fail-on`` picks the operation):
-slow, crash, garbage, silent, protocol, error, short, nan, negative, mismatch.
+slow, crash, garbage, silent, protocol, error, short, nan, negative, mismatch,
+flat (every profile run takes the same time, so the longer run is not slower) and
+outlier (one repeat of every profile run is five times slower: a huge spread).
+``--only-batch N`` limits the misbehaviour to units and candidates of batch N;
+``--fail-times N --count-file PATH`` to the first N calls (counted in PATH).
 """
 import argparse
 import hashlib
@@ -33,7 +37,8 @@ import time
 
 VERSION = "toy-npu 1.0"
 PROTOCOL = 1
-MODES = ("ok", "slow", "crash", "garbage", "silent", "protocol", "error", "short", "nan", "negative", "mismatch")
+MODES = ("ok", "slow", "crash", "garbage", "silent", "protocol", "error", "short", "nan", "negative", "mismatch",
+         "flat", "outlier")
 OPS = ("describe", "profile", "run_workload")
 
 # The toy device: one chip's peak, achieved fractions, host costs (public-ish round numbers).
@@ -273,6 +278,12 @@ def misbehave(mode, op, reply):
         reply["protocol"] = PROTOCOL + 1
     elif mode == "error":
         return {"protocol": PROTOCOL, "error": "toy-npu: simulated device fault during %s" % op}
+    elif op == "profile" and mode == "flat":
+        for r in reply["runs"]:
+            r["times_s"] = [reply["runs"][0]["times_s"][0]] * len(r["times_s"])
+    elif op == "profile" and mode == "outlier":
+        for r in reply["runs"]:
+            r["times_s"][-1] *= 5.0
     elif op == "profile" and mode in ("short", "nan", "negative", "mismatch"):
         runs = reply["runs"]
         if mode == "short":
@@ -295,12 +306,24 @@ def misbehave(mode, op, reply):
     return reply
 
 
+def _batch_of(req):
+    if not isinstance(req, dict):
+        return None
+    for k in ("unit", "candidate"):
+        if isinstance(req.get(k), dict):
+            return req[k].get("batch")
+    return None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=MODES, default="ok", help="misbehave on purpose (for tests)")
     ap.add_argument("--fail-on", choices=OPS + ("any",), default="any", help="the operation --mode applies to")
     ap.add_argument("--sleep", type=float, default=60.0, help="seconds --mode slow waits before answering")
     ap.add_argument("--label", default="", help="text appended to the device description")
+    ap.add_argument("--only-batch", type=int, help="misbehave only for units/candidates of this batch size")
+    ap.add_argument("--fail-times", type=int, help="misbehave only on the first N calls (needs --count-file)")
+    ap.add_argument("--count-file", help="file counting the calls --mode applied to (one byte per call)")
     args = ap.parse_args(argv)
 
     try:
@@ -311,6 +334,14 @@ def main(argv=None):
         return 1
     op = req.get("op") if isinstance(req, dict) else None
     mode = args.mode if args.fail_on in ("any", op) else "ok"
+    if args.only_batch is not None and _batch_of(req) != args.only_batch:
+        mode = "ok"
+    if mode != "ok" and args.fail_times is not None and args.count_file:
+        with open(args.count_file, "ab") as fh:  # O_APPEND: concurrent callers each add one byte
+            fh.write(b".")
+        with open(args.count_file, "rb") as fh:
+            if len(fh.read()) > args.fail_times:
+                mode = "ok"
     print("toy-npu: %s (mode %s)" % (op, mode), file=sys.stderr)
 
     if mode == "slow":

@@ -41,7 +41,9 @@ def cluster(tmp_path):
     # token authentication, as a shared cluster should run: a token of this test's own
     token = tmp_path / "ray_token"
     token.write_text(secrets.token_hex(32))
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    # a Ray started earlier in this test session exports RAY_ADDRESS: never inherit it
+    base = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {**base, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     procs = [_start(["--head", "--port", str(port), "--num-cpus", "1", "--include-dashboard", "false"], env)]
     addr = f"127.0.0.1:{port}"
     try:
@@ -62,8 +64,11 @@ def cluster(tmp_path):
                 "    nodes = [n for n in ray.nodes() if n['Alive']]\n"
                 "    if len(nodes) == 3: break\n"
                 "    time.sleep(0.5)\n"
-                "print(json.dumps([{'id': n['NodeID'], 'acc': n['Resources'].get('fake_acc', 0)} for n in nodes]))\n")
-        nodes = json.loads(_ray_py(code, env).strip().splitlines()[-1])
+                "print('NODES=' + json.dumps([{'id': n['NodeID'], 'acc': n['Resources'].get('fake_acc', 0)} for n in nodes]))\n")
+        out = _ray_py(code, env)
+        line = [x for x in out.splitlines() if x.startswith("NODES=")]
+        assert line, out[-2000:]
+        nodes = json.loads(line[-1][len("NODES="):])
         assert len(nodes) == 3, nodes
         yield addr, nodes, env
     finally:
