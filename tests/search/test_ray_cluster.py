@@ -37,6 +37,10 @@ def _ray_py(code: str, env) -> str:
 
 @pytest.fixture
 def cluster(tmp_path):
+    import ray
+
+    if ray.is_initialized():  # a local Ray of an earlier test in this process: free its cores first
+        ray.shutdown()
     port = _free_port()
     # token authentication, as a shared cluster should run: a token of this test's own
     token = tmp_path / "ray_token"
@@ -57,6 +61,7 @@ def cluster(tmp_path):
                     raise RuntimeError("the Ray head did not start")
                 time.sleep(0.5)
         procs.append(_start(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 2})], env))
+        time.sleep(5)  # one node joining at a time is gentler on a 2-core machine
         procs.append(_start(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 4})], env))
         code = ("import ray, json, time\n"
                 f"ray.init(address='{addr}', logging_level='ERROR')\n"
