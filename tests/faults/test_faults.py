@@ -15,7 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import cli_run, descendants_named, processes_with, sim_space, stop_group, toy_space, wait_for
+from faultkit import (  # noqa: F401  (fault and ray_session are fixtures)
+    cli_run, descendants_named, fault, processes_with, ray_session, sim_space, stop_group, toy_space, wait_for,
+)
 from lens.cache import PROFILE_COLUMNS, ProfileCache
 from lens.types import BucketProfile
 from runners import get_runner

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from faultkit import ROOT, fault  # noqa: F401  (fault is a fixture)
 from lens.cache import PROFILE_COLUMNS, ProfileCache
 from lens.errors import UserError
 from lens.types import BucketProfile, ModelShape, Target

@@ -1,10 +1,15 @@
-"""The fault suite: shared helpers, a session Ray, and the summary table.
+"""The fault suite's kit: space files, a ``lensopt run`` subprocess, process lookups, the
+``fault`` record and the summary table.
 
-Every test here injects one fault for real (a killed worker, a hung program, a killed
-search, two searches on one cache, a damaged cache file, impossible measurements, a
-results folder that cannot be written) and records what it found through the ``fault``
-fixture. At the end of the session the table "fault / injected / survived / profiles
-lost / duplicated" is printed, a row per test; "survived" is the test's own verdict.
+Every test of the suite injects one fault for real (a killed worker, a hung program, a
+killed search, two searches on one cache, a damaged cache file, impossible measurements,
+a results folder that cannot be written, hostile input) and describes it through the
+``fault`` fixture. At the end of the session the table "fault / injected / survived /
+profiles lost / duplicated" is printed, a row per test; "survived" is the test's verdict.
+
+(There is no ``conftest.py`` here: another test folder imports its own ``conftest``
+module by name, and a second one would shadow it. The test modules import these
+fixtures; the table is a plugin the first of them registers.)
 """
 from __future__ import annotations
 
@@ -197,43 +202,46 @@ class FaultRecord:
 _RECORDS: dict[str, FaultRecord] = {}
 
 
+class _FaultTable:
+    """Collects each fault test's verdict and prints the table at the end of the session."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        rep = outcome.get_result()
+        rec = _RECORDS.get(item.nodeid)
+        if rec is None:
+            return
+        if rep.when == "call":
+            rec.passed = rep.passed
+        elif rep.failed:  # setup or teardown failed
+            rec.passed = False
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
+        if not _RECORDS:
+            return
+        header = ["fault", "injected", "survived", "profiles lost", "duplicated"]
+        rows = [[r.fault, r.injected or "-", "yes" if r.passed else ("NO" if r.passed is False else "not run"),
+                 "-" if r.lost is None else str(r.lost), "-" if r.duplicated is None else str(r.duplicated)]
+                for r in _RECORDS.values()]
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        tr = terminalreporter
+        tr.write_sep("=", "fault suite")
+        tr.write_line("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+        tr.write_line("  ".join("-" * w for w in widths))
+        for r in rows:
+            tr.write_line("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
 @pytest.fixture
 def fault(request):
     """Describe the fault a test injects: ``fault.fault``, ``.injected``, ``.lost``, ``.duplicated``."""
+    pm = request.config.pluginmanager
+    if pm.get_plugin("lensopt-fault-table") is None:
+        pm.register(_FaultTable(), "lensopt-fault-table")
     rec = FaultRecord(fault=request.node.name)
     _RECORDS[request.node.nodeid] = rec
     return rec
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    rep = outcome.get_result()
-    rec = _RECORDS.get(item.nodeid)
-    if rec is None:
-        return
-    if rep.when == "call":
-        rec.passed = rep.passed
-    elif rep.failed:  # setup or teardown failed
-        rec.passed = False
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if not _RECORDS:
-        return
-    header = ["fault", "injected", "survived", "profiles lost", "duplicated"]
-    rows = []
-    for rec in _RECORDS.values():
-        rows.append([rec.fault, rec.injected or "-",
-                     "yes" if rec.passed else ("NO" if rec.passed is False else "not run"),
-                     "-" if rec.lost is None else str(rec.lost), "-" if rec.duplicated is None else str(rec.duplicated)])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    tr = terminalreporter
-    tr.write_sep("=", "fault suite")
-    tr.write_line("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    tr.write_line("  ".join("-" * w for w in widths))
-    for r in rows:
-        tr.write_line("  ".join(c.ljust(w) for c, w in zip(r, widths)))
 
 
 @pytest.fixture(scope="module")
