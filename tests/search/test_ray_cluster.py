@@ -25,9 +25,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(args, env):
+def _node_ports(k: int) -> list[str]:
+    """Ports of its own for node k: several nodes on one host must not meet on Ray's fixed defaults."""
+    out = []
+    for flag in ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
+                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port"):
+        out += [flag, str(_free_port())]
+    lo = 30000 + 1000 * k
+    return out + ["--min-worker-port", str(lo), "--max-worker-port", str(lo + 999)]
+
+
+def _start(args, env, k: int):
     # --block keeps `ray start` in the foreground; SIGTERM to it stops exactly the node it started
-    return subprocess.Popen([RAY, "start", "--block", "--node-ip-address", "127.0.0.1", "--disable-usage-stats", *args],
+    return subprocess.Popen([RAY, "start", "--block", "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
+                             *_node_ports(k), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
 
 
@@ -48,7 +59,7 @@ def cluster(tmp_path):
     # a Ray started earlier in this test session exports RAY_ADDRESS: never inherit it
     base = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env = {**base, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    procs = [_start(["--head", "--port", str(port), "--num-cpus", "1", "--include-dashboard", "false"], env)]
+    procs = [_start(["--head", "--port", str(port), "--num-cpus", "1", "--include-dashboard", "false"], env, 0)]
     addr = f"127.0.0.1:{port}"
     try:
         deadline = time.time() + 60
@@ -60,9 +71,9 @@ def cluster(tmp_path):
                 if time.time() > deadline:
                     raise RuntimeError("the Ray head did not start")
                 time.sleep(0.5)
-        procs.append(_start(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 2})], env))
+        procs.append(_start(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 2})], env, 1))
         time.sleep(5)  # one node joining at a time is gentler on a 2-core machine
-        procs.append(_start(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 4})], env))
+        procs.append(_start(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 4})], env, 2))
         code = ("import ray, json, time\n"
                 f"ray.init(address='{addr}', logging_level='ERROR')\n"
                 "for _ in range(360):\n"
