@@ -22,13 +22,13 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lens.cache import ProfileCache  # noqa: E402
 from lens.compose import UnitTable, predict  # noqa: E402
 from lens.probes import plan_probes  # noqa: E402
 from lens.types import Candidate, Requests  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.profiler import profile_missing  # noqa: E402
 from spaces import load_space  # noqa: E402
+from store import ProfileCache  # noqa: E402
 
 
 def held_out(rng, buckets, policy, n, probe_pairs):
@@ -79,7 +79,8 @@ def main(argv=None) -> int:
             tp, batch = (int(x) for x in spec.lower().split("x"))
             t0 = time.perf_counter()
             out = profile_missing(cache=cache, runner=runner, fingerprint=fp, tp=tp, batch=batch, buckets=buckets,
-                                  all_buckets=buckets, repeats=space.profile.repeats, max_output=space.profile.max_output)
+                                  all_buckets=buckets, repeats=space.profile.repeats, max_output=space.profile.max_output,
+                                  lease_s=space.profile.lease_s)
             prof_wall = time.perf_counter() - t0
             cand = Candidate(tp=tp, batch=batch, ctx_buckets=buckets, tkg_buckets=buckets)
             tbl = UnitTable.build(cand, cache.get_unit(fp, tp, batch), policy=target.bucket_policy)

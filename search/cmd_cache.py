@@ -9,8 +9,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lens.cache import EXPORT_FORMATS, ProfileCache, recover, resolve_cache_path
 from lens.errors import UserError
+from store import EXPORT_FORMATS, ProfileCache, recover, resolve_cache_path
+from store.transfer import check_format
 
 from .cli_common import int_arg
 
@@ -122,8 +123,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     path = resolve_cache_path(args.cache)
     out = Path(args.file).expanduser()
-    if out.suffix.lower() not in EXPORT_FORMATS:
-        raise UserError(f"{out}: unknown file type {out.suffix or '(no extension)'!r}; use one of {', '.join(EXPORT_FORMATS)}")
+    check_format(out)
     if _no_cache(path):
         raise UserError(f"no profile cache at {path}: nothing to export (pass --cache PATH to export another cache)")
     with ProfileCache.open(path, create=False) as cache:
@@ -135,8 +135,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     path = resolve_cache_path(args.cache)
     src = Path(args.file).expanduser()
-    if src.suffix.lower() not in EXPORT_FORMATS:
-        raise UserError(f"{src}: unknown file type {src.suffix or '(no extension)'!r}; use one of {', '.join(EXPORT_FORMATS)}")
+    check_format(src)
     if not src.is_file():
         raise UserError(f"{src}: no such file")
     with ProfileCache.open(path) as cache:

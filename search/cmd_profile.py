@@ -7,12 +7,12 @@ import time
 
 import numpy as np
 
-from lens.cache import ProfileCache, resolve_cache_path
 from lens.compose import UnitTable, predict
 from lens.errors import MissingProfiles
 from lens.metrics import summarize, summarize_prediction, tpot_of
 from runners import get_runner
 from spaces.loader import MAX_REPEATS
+from store import ProfileCache, resolve_cache_path
 
 from .cli_common import (
     add_cache_arg, add_request_args, add_space_arg, add_unit_args, candidate_from_args, fmt_s, int_arg, int_list,

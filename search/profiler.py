@@ -17,13 +17,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from lens.cache import DEFAULT_LEASE_S, ProfileCache, new_claimant_id
 from lens.errors import LensoptError, RunnerError, UserError
 from lens.probes import (
     DEFAULT_ATTEMPTS, DEFAULT_MAX_SPREAD, NoisyMeasurement, assess, check_probe, pair_runs, plan_probes, solve,
 )
 from lens.types import BucketProfile, ProbeRun, Target, Unit
 from runners import Runner, get_runner
+from store import ProfileCache, new_claimant_id
 
 
 @dataclass(frozen=True)
@@ -211,15 +211,16 @@ def profile_missing(
     all_buckets: Sequence[int],
     repeats: int,
     max_output: int,
+    lease_s: float,
     attempts: int = DEFAULT_ATTEMPTS,
     max_spread: float = DEFAULT_MAX_SPREAD,
-    lease_s: float = DEFAULT_LEASE_S,
     poll_s: float = 1.0,
     log: Callable[[str], None] | None = None,
 ) -> ProfileOutcome:
     """Measure in-process the buckets of one unit that the cache lacks; store them atomically.
 
-    The unit is claimed first: when another process is profiling it, this waits for its
+    The unit is claimed first, for ``lease_s`` seconds renewed while it is measured (the
+    space's ``[profile] lease_s``): when another process is profiling it, this waits for its
     profiles (or for its claim to end) instead of measuring them a second time.
     """
     owner = new_claimant_id()

@@ -38,13 +38,13 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from lens.cache import ProfileCache, new_claimant_id, resolve_cache_path
 from lens.errors import LensoptError, UserError
 from lens.metrics import summarize
 from lens.types import Candidate, Requests, Unit, stable_hash
 from lens.workload import fit_to, load_workload
 from runners import get_runner
 from spaces import Space, load_space
+from store import ProfileCache, new_claimant_id, resolve_cache_path
 
 from .dispatch import Dispatcher
 from .encoding import all_candidates, params_of, suggest

@@ -18,13 +18,13 @@ import pytest
 from faultkit import (  # noqa: F401  (fault and ray_session are fixtures)
     cli_run, descendants_named, fault, processes_with, ray_session, sim_space, stop_group, toy_space, wait_for,
 )
-from lens.cache import PROFILE_COLUMNS, ProfileCache
 from lens.types import BucketProfile
 from runners import get_runner
 from search.cli import main
 from search.profiler import measure_unit
 from search.run import run
 from spaces import load_space
+from store import PROFILE_COLUMNS, ProfileCache
 
 
 def _run(space, tmp_path, logs=None, **kw):

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from faultkit import ROOT, fault  # noqa: F401  (fault is a fixture)
-from lens.cache import PROFILE_COLUMNS, ProfileCache
 from lens.errors import UserError
 from lens.types import BucketProfile, ModelShape, Target
 from runners.command import CommandRunner
 from search.cli import main
+from store import PROFILE_COLUMNS, ProfileCache
 
 PACKAGES = ("lens", "runners", "search", "spaces")
 

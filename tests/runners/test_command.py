@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lens.cache import ProfileCache
 from lens.errors import RunnerError, SpaceError, UserError
 from lens.probes import plan_probes
 from lens.types import Candidate, ModelShape, Probe, Requests, Target, Unit
@@ -17,11 +16,14 @@ from runners import get_runner
 from runners.command import PROTOCOL, STDERR_TAIL_CHARS, CommandRunner
 from search.profiler import measure_unit, profile_missing
 from spaces.loader import load_space
+from store import ProfileCache
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "examples" / "command_runner" / "toy_npu.py"
 MODEL = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256)
 BUCKETS = (32, 64, 128)
+#: lease of the unit claims profile_missing takes (the space file's [profile] lease_s)
+LEASE_S = 60.0
 
 
 def target(argv=None, **options) -> Target:
@@ -404,13 +406,13 @@ def test_a_failing_program_writes_nothing_to_the_cache(tmp_path, mode):
     with ProfileCache.open(path) as cache:
         with pytest.raises(RunnerError):
             profile_missing(cache=cache, runner=r, fingerprint=fp, tp=1, batch=2, buckets=list(BUCKETS),
-                            all_buckets=list(BUCKETS), repeats=2, max_output=8)
+                            all_buckets=list(BUCKETS), repeats=2, max_output=8, lease_s=LEASE_S)
         assert len(cache.frame()) == 0 and len(cache.units()) == 0
         assert cache.missing(fp, 1, 2, list(BUCKETS)) == list(BUCKETS)
     # and with the program fixed, the same call stores the whole unit
     with ProfileCache.open(path) as cache:
         out = profile_missing(cache=cache, runner=toy(), fingerprint=fp, tp=1, batch=2, buckets=list(BUCKETS),
-                              all_buckets=list(BUCKETS), repeats=2, max_output=8)
+                              all_buckets=list(BUCKETS), repeats=2, max_output=8, lease_s=LEASE_S)
         assert tuple(out.measured) == BUCKETS and out.simulated
         assert cache.missing(fp, 1, 2, list(BUCKETS)) == []
         assert len(cache.frame()) == len(BUCKETS)

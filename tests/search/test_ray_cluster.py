@@ -123,7 +123,7 @@ def test_profiling_tasks_land_only_on_nodes_with_the_resources(tmp_path, cluster
     spans = sorted((t["started_at"], t["ended_at"]) for t in tasks)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
     # the cache holds every unit exactly once
-    from lens.cache import ProfileCache
+    from store import ProfileCache
 
     with ProfileCache.open(cache) as c:
         units = c.units()

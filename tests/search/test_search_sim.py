@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from conftest import write_space
-from lens.cache import ProfileCache
 from search.cli import main
 from search.run import run
 from spaces import load_space
+from store import ProfileCache
 
 
 def _run(space, tmp_path, **kw):

@@ -1,0 +1,208 @@
+"""Rows of the cache: the checks every stored value passes, and conversion to/from BucketProfile.
+
+The same checks guard ``put_unit``, ``import_file`` and recovery, so a value a file import
+would refuse can never be stored another way. Values come either as Python/numpy values
+(``put_unit``, Parquet, SQLite) or as text (CSV cells, parsed strictly: no NaN from a blank).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lens.types import BucketProfile
+
+from .schema import FLOAT_COLUMNS, INT_COLUMNS, PROFILE_COLUMNS, UNIT_COLUMNS
+
+
+class BadValue(Exception):
+    """One bad value; the caller adds where it was (a file row, a profile)."""
+
+
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+_INT64_MAX = 2**63 - 1
+
+
+def as_int(v: Any, *, lo: int, text: bool) -> int:
+    if text:
+        s = v.strip()
+        if not _INT_RE.fullmatch(s):
+            raise BadValue(f"{v!r} is not an integer")
+        out = int(s)
+    else:
+        if v is None:
+            raise BadValue("missing value")
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise BadValue(f"{v!r} is not an integer")
+        out = int(v)
+    if out < lo:
+        raise BadValue(f"{out} is below the minimum {lo}")
+    if out > _INT64_MAX:
+        raise BadValue(f"{out} is too large")
+    return out
+
+
+def as_seconds(v: Any, *, text: bool) -> float:
+    """A finite, non-negative number (a time or a spread)."""
+    if text:
+        try:
+            out = float(v)
+        except ValueError:
+            raise BadValue(f"{v!r} is not a number") from None
+    else:
+        if v is None:
+            raise BadValue("missing value")
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise BadValue(f"{v!r} is not a number")
+        out = float(v)
+    if math.isnan(out):
+        raise BadValue("NaN is not a valid time")
+    if math.isinf(out):
+        raise BadValue(f"{out} is not finite")
+    if out < 0:
+        raise BadValue(f"{out} is negative; times and spreads are >= 0")
+    return out
+
+
+def as_str(v: Any, *, nonempty: bool) -> str:
+    if v is None:
+        raise BadValue("missing value")
+    if not isinstance(v, str):
+        raise BadValue(f"{v!r} is not text")
+    if nonempty and not v:
+        raise BadValue("empty value")
+    return v
+
+
+def _bool(v: Any, *, text: bool) -> int:
+    if text:
+        s = v.strip().lower()
+        if s in ("0", "false"):
+            return 0
+        if s in ("1", "true"):
+            return 1
+        raise BadValue(f"{v!r} is not 0/1 or true/false")
+    if isinstance(v, (bool, np.bool_)):
+        return int(v)
+    if isinstance(v, (int, np.integer)) and int(v) in (0, 1):
+        return int(v)
+    raise BadValue(f"{v!r} is not 0/1 or true/false")
+
+
+def _times_json(v: Any, *, text: bool) -> str:
+    """A JSON list of non-negative finite seconds, re-serialised canonically."""
+    if v is None:
+        raise BadValue("missing value")
+    if text or isinstance(v, str):
+        try:
+            items = json.loads(v)
+        except (TypeError, ValueError):
+            raise BadValue(f"{v!r} is not a JSON list of seconds") from None
+        if not isinstance(items, list):
+            raise BadValue(f"{v!r} is not a JSON list of seconds")
+    elif isinstance(v, (tuple, list)):
+        items = list(v)
+    else:
+        raise BadValue(f"{v!r} is not a list of seconds")
+    out = []
+    for x in items:
+        try:
+            out.append(as_seconds(x, text=False))
+        except BadValue as exc:
+            raise BadValue(f"element {x!r}: {exc}") from None
+    return json.dumps(out)
+
+
+def _source(v: Any) -> str:
+    s = as_str(v, nonempty=True)
+    if s in ("measured", "simulated") or (s.startswith("estimate:") and len(s) > len("estimate:")):
+        return s
+    raise BadValue(f"{s!r} is not 'measured', 'simulated' or 'estimate:<model>'")
+
+
+def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
+    def i(lo: int) -> Callable[[Any], int]:
+        return lambda v: as_int(v, lo=lo, text=text)
+
+    f = lambda v: as_seconds(v, text=text)  # noqa: E731
+    s = lambda v: as_str(v, nonempty=False)  # noqa: E731
+    raw = lambda v: _times_json(v, text=text)  # noqa: E731
+    return {
+        "fingerprint": lambda v: as_str(v, nonempty=True),
+        "tp": i(1), "batch": i(1), "bucket": i(1),
+        "ttft_s": f, "tbt_s": f,
+        "input_len": i(0), "l1": i(0), "l2": i(0),
+        "t1_s": f, "t2_s": f,
+        "raw_t1": raw, "raw_t2": raw,
+        "repeats": i(0), "spread": f,
+        "runner": s, "host": s,
+        "measured_at": f,
+        "simulated": lambda v: _bool(v, text=text),
+        "source": _source,
+    }
+
+
+#: column -> check of one value given as a Python/numpy value (raises BadValue)
+CHECK_VALUES = _checkers(text=False)
+#: column -> check of one value given as text (a CSV cell)
+CHECK_TEXT = _checkers(text=True)
+
+
+def checked_profile_row(row: Sequence[Any]) -> tuple:
+    """The values of a ``profiles`` row (in :data:`PROFILE_COLUMNS` order), checked; BadValue if one fails."""
+    return tuple(CHECK_VALUES[c](v) for c, v in zip(PROFILE_COLUMNS, row))
+
+
+def checked_unit_row(row: Sequence[Any]) -> tuple:
+    """The values of a ``units`` row (in :data:`UNIT_COLUMNS` order), checked; BadValue if one fails."""
+    r = dict(zip(UNIT_COLUMNS, row))
+    return (as_str(r["fingerprint"], nonempty=True), as_int(r["tp"], lo=1, text=False),
+            as_int(r["batch"], lo=1, text=False),
+            as_str(r["target_json"], nonempty=False), as_str(r["runner"], nonempty=False),
+            as_str(r["versions_json"], nonempty=False), as_str(r["host"], nonempty=False),
+            as_seconds(r["compile_s"], text=False), as_seconds(r["run_s"], text=False),
+            as_seconds(r["created_at"], text=False))
+
+
+def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tuple:
+    """The checked ``profiles`` row of ``p`` in unit (fingerprint, tp, batch); ValueError naming a bad value."""
+    values = {
+        "fingerprint": fingerprint, "tp": tp, "batch": batch, "bucket": p.bucket,
+        "ttft_s": p.ttft_s, "tbt_s": p.tbt_s, "input_len": p.input_len, "l1": p.l1, "l2": p.l2,
+        "t1_s": p.t1_s, "t2_s": p.t2_s, "raw_t1": p.raw_t1, "raw_t2": p.raw_t2,
+        "repeats": p.repeats, "spread": p.spread, "runner": p.runner, "host": p.host,
+        "measured_at": p.measured_at, "simulated": p.simulated, "source": p.source,
+    }
+    out = []
+    for col in PROFILE_COLUMNS:
+        try:
+            out.append(CHECK_VALUES[col](values[col]))
+        except BadValue as exc:
+            raise ValueError(f"profile of bucket {p.bucket!r} of unit ({fingerprint}, tp={tp}, batch={batch}): {col}: {exc}") from None
+    return tuple(out)
+
+
+def to_profile(row: Sequence[Any]) -> BucketProfile:
+    """The BucketProfile of a ``profiles`` row."""
+    r = dict(zip(PROFILE_COLUMNS, row))
+    return BucketProfile(
+        bucket=int(r["bucket"]), ttft_s=float(r["ttft_s"]), tbt_s=float(r["tbt_s"]),
+        input_len=int(r["input_len"]), l1=int(r["l1"]), l2=int(r["l2"]),
+        t1_s=float(r["t1_s"]), t2_s=float(r["t2_s"]), repeats=int(r["repeats"]),
+        spread=float(r["spread"]), runner=r["runner"], host=r["host"],
+        measured_at=float(r["measured_at"]), simulated=bool(r["simulated"]),
+        raw_t1=tuple(float(x) for x in json.loads(r["raw_t1"])),
+        raw_t2=tuple(float(x) for x in json.loads(r["raw_t2"])),
+        source=r["source"],
+    )
+
+
+def empty_profiles_frame() -> pd.DataFrame:
+    """A frame of no profiles with the columns and dtypes of ``ProfileCache.frame()``."""
+    dtypes = {c: ("int64" if c in INT_COLUMNS or c == "simulated" else "float64" if c in FLOAT_COLUMNS else "object")
+              for c in PROFILE_COLUMNS}
+    return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in dtypes.items()})

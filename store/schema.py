@@ -1,0 +1,126 @@
+"""The profile cache's schema: how a file is marked as ours, its tables and their columns.
+
+A file is recognised as a lensopt cache by ``PRAGMA application_id`` (read straight from
+the 100-byte SQLite header), then by ``PRAGMA user_version`` (:data:`SCHEMA_VERSION`) and
+the ``meta`` table. The ``claims`` table is an optional part of schema 1: files written
+before it existed get it on their first read-write open.
+"""
+from __future__ import annotations
+
+import sqlite3
+import time
+
+#: "LENS" in ASCII: marks an SQLite file as a lensopt profile cache
+APPLICATION_ID = 0x4C454E53
+#: the schema this code reads and writes (``PRAGMA user_version``)
+SCHEMA_VERSION = 1
+#: the first 16 bytes of every SQLite database file
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+UNIT_COLUMNS = (
+    "fingerprint", "tp", "batch", "target_json", "runner", "versions_json", "host",
+    "compile_s", "run_s", "created_at",
+)
+#: the columns of the ``profiles`` table, of ``ProfileCache.frame()``, and of export/import files
+PROFILE_COLUMNS = (
+    "fingerprint", "tp", "batch", "bucket", "ttft_s", "tbt_s", "input_len", "l1", "l2",
+    "t1_s", "t2_s", "raw_t1", "raw_t2", "repeats", "spread", "runner", "host",
+    "measured_at", "simulated", "source",
+)
+#: the primary key of a profile: the first columns of :data:`PROFILE_COLUMNS`
+PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
+#: integer and real columns of ``profiles``; ``simulated`` is 0/1, the rest text
+#: (``raw_t1``/``raw_t2`` are JSON lists of seconds)
+INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats")
+FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at")
+CLAIM_COLUMNS = ("fingerprint", "tp", "batch", "buckets", "owner", "claimed_at", "expires_at")
+
+SCHEMA_SQL = """
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE units (
+    fingerprint   TEXT    NOT NULL,
+    tp            INTEGER NOT NULL,
+    batch         INTEGER NOT NULL,
+    target_json   TEXT    NOT NULL,
+    runner        TEXT    NOT NULL,
+    versions_json TEXT    NOT NULL,
+    host          TEXT    NOT NULL,
+    compile_s     REAL    NOT NULL,
+    run_s         REAL    NOT NULL,
+    created_at    REAL    NOT NULL,
+    PRIMARY KEY (fingerprint, tp, batch)
+);
+CREATE TABLE profiles (
+    fingerprint TEXT    NOT NULL,
+    tp          INTEGER NOT NULL,
+    batch       INTEGER NOT NULL,
+    bucket      INTEGER NOT NULL,
+    ttft_s      REAL    NOT NULL,
+    tbt_s       REAL    NOT NULL,
+    input_len   INTEGER NOT NULL,
+    l1          INTEGER NOT NULL,
+    l2          INTEGER NOT NULL,
+    t1_s        REAL    NOT NULL,
+    t2_s        REAL    NOT NULL,
+    raw_t1      TEXT    NOT NULL,
+    raw_t2      TEXT    NOT NULL,
+    repeats     INTEGER NOT NULL,
+    spread      REAL    NOT NULL,
+    runner      TEXT    NOT NULL,
+    host        TEXT    NOT NULL,
+    measured_at REAL    NOT NULL,
+    simulated   INTEGER NOT NULL,
+    source      TEXT    NOT NULL,
+    PRIMARY KEY (fingerprint, tp, batch, bucket)
+);
+"""
+#: table -> columns that every cache of :data:`SCHEMA_VERSION` has
+TABLES = {"meta": ("key", "value"), "units": UNIT_COLUMNS, "profiles": PROFILE_COLUMNS}
+
+#: added to schema 1 later: created on open when missing, so older files stay readable
+CLAIMS_SQL = """
+CREATE TABLE IF NOT EXISTS claims (
+    fingerprint TEXT    NOT NULL,
+    tp          INTEGER NOT NULL,
+    batch       INTEGER NOT NULL,
+    buckets     TEXT    NOT NULL,
+    owner       TEXT    NOT NULL,
+    claimed_at  REAL    NOT NULL,
+    expires_at  REAL    NOT NULL,
+    PRIMARY KEY (fingerprint, tp, batch)
+)
+"""
+#: table -> columns of the tables a cache may lack
+OPTIONAL_TABLES = {"claims": CLAIM_COLUMNS}
+
+
+def lensopt_version() -> str:
+    """The installed lensopt distribution's version, or ``"unknown"`` when run from a checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lensopt")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def initialise(con: sqlite3.Connection) -> None:
+    """Turn the empty database behind ``con`` (autocommit mode) into a cache of this schema."""
+    con.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    con.execute("BEGIN")
+    for stmt in SCHEMA_SQL.split(";"):
+        if stmt.strip():
+            con.execute(stmt)
+    con.execute(CLAIMS_SQL)
+    con.executemany(
+        "INSERT INTO meta (key, value) VALUES (?, ?)",
+        [("schema", str(SCHEMA_VERSION)), ("created_at", repr(time.time())),
+         ("lensopt_version", lensopt_version()), ("application", "lensopt profile cache")],
+    )
+    con.execute("COMMIT")
+    # persistent in the header: every later connection opens in WAL mode
+    con.execute("PRAGMA journal_mode = WAL")
