@@ -43,16 +43,8 @@ from typing import Any, Mapping, Sequence
 from lens.errors import RunnerUnavailable, UserError
 from lens.types import Candidate, ModelShape, Target, stable_hash
 
-from ._llm_common import (
-    EngineRunner,
-    TimedBatch,
-    base_versions,
-    dist_versions,
-    llama_hf_config,
-    neuron_driver_version,
-    times_from_steps,
-    write_llama_model_dir,
-)
+from ._llm_common import EngineRunner, TimedBatch, times_from_steps
+from ._llm_host import base_versions, dist_versions, llama_hf_config, neuron_driver_version, write_llama_model_dir
 
 #: model family -> (module, InferenceConfig class, model class) in neuronx_distributed_inference.models
 FAMILIES: dict[str, tuple[str, str, str]] = {

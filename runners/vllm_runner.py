@@ -9,7 +9,7 @@ request generates exactly l_out tokens (``ignore_eos``, ``min_tokens = max_token
 greedy), prefix caching is off so no prompt is served from cache.  The model is
 ``[target.options] model`` (a Hugging Face id or a local folder); with the default
 ``load_format = "dummy"`` vLLM fills it with random weights, so a folder holding only a
-``config.json`` is enough (``runners._llm_common.write_llama_model_dir`` writes one for a
+``config.json`` is enough (``runners._llm_host.write_llama_model_dir`` writes one for a
 Llama-shaped ``[target.model]``).
 
 What "bucket" means per platform (``[target.options] platform``, default from
@@ -61,18 +61,8 @@ from typing import Any, Mapping, Sequence
 from lens.errors import RunnerUnavailable, UserError
 from lens.types import Candidate, Target, stable_hash
 
-from ._llm_common import (
-    EngineRunner,
-    RequestClock,
-    StepObservation,
-    TimedBatch,
-    base_versions,
-    dist_version,
-    dist_versions,
-    drive_steps,
-    neuron_driver_version,
-    nvidia_info,
-)
+from ._llm_common import EngineRunner, RequestClock, StepObservation, TimedBatch, drive_steps
+from ._llm_host import base_versions, dist_version, dist_versions, neuron_driver_version, nvidia_info
 
 PLATFORMS = ("gpu", "tpu", "neuron")
 CUDA_GRAPH_MODES = ("batch", "default", "off")

@@ -28,7 +28,7 @@ def test_importing_lensopt_loads_no_optional_sdk():
     code = (
         "import sys, json\n"
         "import lens, runners, search, spaces\n"
-        "import runners.vllm_runner, runners.neuron, runners._llm_common\n"
+        "import runners.vllm_runner, runners.neuron, runners._llm_common, runners._llm_host\n"
         "from runners import runner_class\n"
         "runner_class('vllm'); runner_class('neuron')\n"
         f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {list(HEAVY)!r})))\n"

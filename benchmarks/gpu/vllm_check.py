@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--csv", help="per-request rows here (default $OUT/vllm_check.csv when $OUT is set)")
     args = ap.parse_args(argv)
 
-    from runners._llm_common import write_llama_model_dir
+    from runners._llm_host import write_llama_model_dir
 
     buckets = parse_buckets(args.buckets)
     if args.write_model_dir:

@@ -18,7 +18,7 @@ from lens.errors import RunnerError, RunnerUnavailable, UserError
 from lens.probes import plan_probes, solve
 from lens.types import Candidate, ModelShape, Probe, Requests, Target, Unit
 from runners import get_runner
-from runners import _llm_common as common
+from runners import _llm_host as host
 from runners import vllm_runner as vr
 from runners._llm_common import RequestClock, StepObservation, TimedBatch, drive_steps
 
@@ -222,9 +222,9 @@ def test_nvidia_info_reads_procfs(tmp_path):
     (tmp_path / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 2024\n")
     for d in (tmp_path / "gpus").iterdir():
         (d / "information").write_text("Model: \t\t NVIDIA H200\nIRQ: 1\n")
-    info = common.nvidia_info(str(tmp_path))
+    info = host.nvidia_info(str(tmp_path))
     assert info == {"nvidia_driver": "550.54.15", "gpus": "2 x NVIDIA H200"}
-    assert common.nvidia_info(str(tmp_path / "absent")) == {}
+    assert host.nvidia_info(str(tmp_path / "absent")) == {}
 
 
 # -- deploy snippet --------------------------------------------------------------------------------
@@ -516,15 +516,15 @@ def test_sdk_failures_become_runner_errors(fake_runner, monkeypatch):
 
 
 def test_llama_config_and_model_dir(tmp_path):
-    cfg = common.llama_hf_config(SHAPE, dtype="bfloat16", max_position=2049)
+    cfg = host.llama_hf_config(SHAPE, dtype="bfloat16", max_position=2049)
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_key_value_heads"] == 8
     assert cfg["hidden_size"] == 2048 and cfg["head_dim"] == 64 and cfg["max_position_embeddings"] == 2049
     assert "eos_token_id" not in cfg
-    d = common.write_llama_model_dir(tmp_path / "m", SHAPE, max_position=2049)
+    d = host.write_llama_model_dir(tmp_path / "m", SHAPE, max_position=2049)
     assert json.loads((d / "config.json").read_text()) == cfg
-    assert common.write_llama_model_dir(tmp_path / "m", SHAPE, max_position=2049) == d  # same content: fine
+    assert host.write_llama_model_dir(tmp_path / "m", SHAPE, max_position=2049) == d  # same content: fine
     with pytest.raises(UserError, match="another model configuration"):
-        common.write_llama_model_dir(tmp_path / "m", SMALL)
+        host.write_llama_model_dir(tmp_path / "m", SMALL)
 
 
 # -- the GPU check script ----------------------------------------------------------------------
@@ -603,7 +603,7 @@ def _has_vllm_gpu() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_vllm_gpu(), reason="needs vllm and an NVIDIA GPU")
 def test_real_vllm_engine_on_a_gpu(tmp_path):
-    model = common.write_llama_model_dir(tmp_path / "tiny", SMALL, max_position=257)
+    model = host.write_llama_model_dir(tmp_path / "tiny", SMALL, max_position=257)
     t = Target(name="gpu-smoke", runner="vllm", hardware="gpu", bucket_policy="inclusive", dtype="bfloat16",
                model=SMALL, options=(("gpu_memory_utilization", 0.3), ("model", str(model))))
     r = get_runner(t)
@@ -632,7 +632,7 @@ def _conformance_model_dir(shape: ModelShape) -> str:
     from lens.types import stable_hash
 
     d = Path(tempfile.gettempdir()) / "lensopt-vllm-conformance" / stable_hash(shape.to_dict(), n=12)
-    return str(common.write_llama_model_dir(d, shape, max_position=1024))
+    return str(host.write_llama_model_dir(d, shape, max_position=1024))
 
 
 class TestVllmFlowConformance(RunnerConformance):
