@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conformance import RunnerConformance
-
 from lens.types import ModelShape, Target
+from runners.conformance import RunnerConformance
 
 TOY = Path(__file__).resolve().parents[2] / "examples" / "command_runner" / "toy_npu.py"
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
-from conformance import RunnerConformance
 
 from lens.types import ModelShape, Target
+from runners.conformance import RunnerConformance
 
 pytest.importorskip("jax")
 

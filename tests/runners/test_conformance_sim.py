@@ -1,9 +1,8 @@
 """The runner conformance suite against ``sim`` (a simulated inf2)."""
 from __future__ import annotations
 
-from conformance import RunnerConformance
-
 from lens.types import ModelShape, Target
+from runners.conformance import RunnerConformance
 
 
 class TestSimConformance(RunnerConformance):

@@ -280,7 +280,7 @@ def test_real_nxd_inference_unit(tmp_path):
 
 # -- the conformance suite -------------------------------------------------------------------------
 
-from conformance import RunnerConformance  # noqa: E402
+from runners.conformance import RunnerConformance  # noqa: E402
 
 #: a tiny model NxD Inference compiles in minutes (head_dim 64)
 CONF_MODEL = ModelShape(layers=2, hidden=256, heads=4, kv_heads=2, intermediate=512, vocab=1024)

@@ -620,7 +620,7 @@ def test_real_vllm_engine_on_a_gpu(tmp_path):
 
 # -- the conformance suite -------------------------------------------------------------------------
 
-from conformance import RunnerConformance  # noqa: E402
+from runners.conformance import RunnerConformance  # noqa: E402
 
 #: a tiny model every GPU attention backend takes (head_dim 64)
 CONF_MODEL = ModelShape(layers=2, hidden=256, heads=4, kv_heads=2, intermediate=512, vocab=1024)

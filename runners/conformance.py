@@ -1,8 +1,9 @@
-"""The runner conformance suite: the same tests for every backend.
+"""The runner conformance suite: the same tests for every backend, shipped for runner authors.
 
-Use it by subclassing in a ``test_conformance_<runner>.py`` file::
+Use it by subclassing in a ``test_*.py`` file of your own (pytest must be installed;
+``import runners`` itself never loads this module or pytest)::
 
-    from conformance import RunnerConformance
+    from runners.conformance import RunnerConformance
 
     class TestMyConformance(RunnerConformance):
         def make_target(self, *, model=None, policy="exclusive") -> Target:
@@ -15,6 +16,7 @@ collected. Class attributes size the work (``buckets``, ``model``, ``tp``, ``bat
 backend marks its subclass (``pytest.mark.neuron`` ...) and skips it when the hardware is
 absent. ``make_unusable_target`` (optional) gives a target the runner must construct
 without complaint but fail on first use (e.g. a program that does not exist).
+docs/command-protocol.md shows a vendor's file for a ``command`` program.
 """
 from __future__ import annotations
 
