@@ -9,9 +9,9 @@ requests, so with prompts encoded one at a time
     TBT_b  = (T2 - T1) / (L2 - L1)
     TTFT_b = (T1 - (L1 - 1) * TBT_b) / B
 
-The pitfall (lens-method.md): the prompt must run in b *and* every decode context of the
-longer run must stay in b under the target's policy, so l_in sits at the bottom of the
-bucket and L2 is limited by the bucket's width.
+The pitfall (the LENS paper, arXiv 2606.18042): the prompt must run in b *and* every
+decode context of the longer run must stay in b under the target's policy, so l_in sits at
+the bottom of the bucket and L2 is limited by the bucket's width.
 """
 from __future__ import annotations
 

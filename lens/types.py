@@ -1,4 +1,4 @@
-"""Frozen value types shared by every package (see DESIGN.md's vocabulary)."""
+"""Frozen value types shared by every package: lensopt's vocabulary (Target, Unit, BucketProfile, ...)."""
 from __future__ import annotations
 
 import hashlib

@@ -69,7 +69,7 @@ __all__ = [
 
 # Hidden per-family behaviour: achieved fractions of peak (prefill MFU, decode MFU, HBM
 # bandwidth), all-reduce latency per ring hop, and compile-time constants. Chosen so the
-# simulated figures land near the published ones (lens-method.md: v6e Llama-3.1-8B TP4
+# simulated figures land near the published ones (the LENS paper: v6e Llama-3.1-8B TP4
 # TTFT ~71 ms at 4096; Inferentia2 TBT ~8-11 ms; Neuron compiles of 10-60 min per model).
 _HIDDEN: dict[str, dict[str, float]] = {
     "inf2": dict(mfu=0.45, mfu_decode=0.25, mbu=0.70, hop_s=6e-6, compile_base_s=20.0, compile_per_gparam_s=20.0),

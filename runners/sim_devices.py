@@ -1,6 +1,6 @@
 """Public figures of the simulated NPUs, and the memory-fit rule every search can use.
 
-Only spec-sheet numbers live here (../shared/reference/hardware.md, each with its source);
+Only spec-sheet numbers live here (each with its source);
 the behaviour the estimator must not see (efficiencies, compiler quirks, noise) lives in
 ``runners.sim``. A "device" is what one unit of tensor parallelism occupies: a NeuronCore
 on AWS Neuron (NxD Inference's ``tp_degree`` counts cores), a chip on Cloud TPU.

@@ -1,6 +1,7 @@
 """AMALI: an analytical model of LLM inference kernels on GPUs, built from kernel shapes.
 
-The project's second method (shared/reference/amali.md; Cao et al., ISCA 2025). It
+The project's second method (Cao et al., "AMALI: An Analytical Model for Accurately Modeling
+LLM Inference on Modern GPUs", ISCA 2025, doi 10.1145/3695053.3731064). It
 predicts the cycles of every kernel of a Llama-architecture prefill or decode step on a
 GPU from the kernel's shape alone -- no SASS traces, no profiling -- and turns them into
 per-bucket TTFT_b / TBT_b estimates of the same shape as LENS profiles.

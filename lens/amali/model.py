@@ -1,6 +1,6 @@
 """Per-kernel cycles, AMALI-style, from kernel shapes.
 
-The paper (amali.md) writes a kernel's cycles as
+The paper (Cao et al., ISCA 2025) writes a kernel's cycles as
 
     C = S_I + S_IP + KLL + ID
     S_I  = S_selected + S_wait + S_short_scoreboard + S_long_scoreboard   (interval stalls)
@@ -79,7 +79,7 @@ from ..errors import UserError
 from .kernels import ROW_OPS, AllReduce, FusedAttention, Gemm, Kernel, RowOp, act_bytes, gemm_bytes
 from .specs import GpuSpec, canonical_dtype
 
-#: the paper's KLL fit on A100: s = a * BS^2 + b * BS + c cycles per CTA (amali.md)
+#: the paper's KLL fit on A100: s = a * BS^2 + b * BS + c cycles per CTA (the AMALI paper)
 KLL_A, KLL_B, KLL_C = 0.0036, 0.0366, 1.1891
 #: warp instructions issued per clock by one sub-core's scheduler
 ISSUE_RATE = 1.0

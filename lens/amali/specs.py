@@ -2,10 +2,10 @@
 
 Sources named in ``GpuSpec.sources`` (field -> where the number comes from):
 
-- ``hardware.md``: the project's table of public spec-sheet figures
-  (shared/reference/hardware.md): SM counts, dense BF16 TFLOPS, memory bandwidth,
-  L2 size, NVLink bandwidth per direction.
-- ``amali.md``: the project's reading of the AMALI paper (shared/reference/amali.md):
+- ``spec sheet``: the vendor's public data sheet of the GPU: SM counts, dense BF16
+  TFLOPS, memory bandwidth, L2 size, NVLink bandwidth per direction.
+- ``AMALI paper``: Cao et al., "AMALI: An Analytical Model for Accurately Modeling LLM
+  Inference on Modern GPUs", ISCA 2025 (doi 10.1145/3695053.3731064):
   the A100 latencies the paper used (L1 37, shared 23/19, L2 224, DRAM 290 cycles,
   80 L2 channels), tensor-core FMA per clock (A100 256, H100/H200 512), 4 sub-cores.
 - ``cuda-guide``: the CUDA C++ Programming Guide's table of per-compute-capability
@@ -138,10 +138,10 @@ class GpuSpec:
         return dict(self.sources).get(field_name, "")
 
 
-# Shared figures of the paper's A100 (amali.md), reused where a GPU has no published value.
-_PAPER_LAT = "amali.md: the paper's A100 figure"
+# The AMALI paper's A100 figures, reused where a GPU has no published value.
+_PAPER_LAT = "AMALI paper: the paper's A100 figure"
 _PAPER_LAT_REUSED = (
-    "assumption: the paper's A100 figure (amali.md) reused; the project's references give "
+    "assumption: the paper's A100 figure (AMALI paper) reused; the project's references give "
     "no cycle latencies for this GPU"
 )
 _KLL_K = (
@@ -183,12 +183,12 @@ _A100 = GpuSpec(
     link_hop_us=1.0,
     kll_k_us=1.0,
     sources=(
-        ("sms", "hardware.md; amali.md (108 SMs x 4 sub-cores)"),
-        ("subcores_per_sm", "amali.md"),
+        ("sms", "spec sheet; AMALI paper (108 SMs x 4 sub-cores)"),
+        ("subcores_per_sm", "AMALI paper"),
         ("tensor_cores_per_sm", "cuda-guide / A100 whitepaper (4 third-generation tensor cores per SM)"),
-        ("tc_fma_per_clk", "amali.md: 256 FP16/BF16 FMA per clock per tensor core (HMMA.16816 = 8 cycles); A100 has no FP8; TF32 at half rate (A100 datasheet: 156 dense TF32 TFLOPS)"),
-        ("dense_bf16_tflops", "hardware.md: 312 dense BF16 TFLOPS"),
-        ("clock_mhz", "derived: 312e12 / (2*108*4*256) = 1410 MHz, the paper's clock (amali.md)"),
+        ("tc_fma_per_clk", "AMALI paper: 256 FP16/BF16 FMA per clock per tensor core (HMMA.16816 = 8 cycles); A100 has no FP8; TF32 at half rate (A100 datasheet: 156 dense TF32 TFLOPS)"),
+        ("dense_bf16_tflops", "spec sheet: 312 dense BF16 TFLOPS"),
+        ("clock_mhz", "derived: 312e12 / (2*108*4*256) = 1410 MHz, the paper's clock (AMALI paper)"),
         ("fp32_lanes_per_sm", "cuda-guide cc 8.0: 64 FP32 results per clock per SM"),
         ("sfu_per_sm_per_clk", "cuda-guide cc 8.0: 16 special-function results per clock per SM"),
         ("max_warps_per_sm", "cuda-guide cc 8.0"),
@@ -201,12 +201,12 @@ _A100 = GpuSpec(
         ("smem_latency", _PAPER_LAT + " (23/19 cycles; the larger is used)"),
         ("l2_latency", _PAPER_LAT + " (224 cycles)"),
         ("dram_latency", _PAPER_LAT + " (290 cycles, read as beyond the L2 lookup)"),
-        ("l2_mb", "hardware.md / amali.md: 40 MB"),
-        ("l2_bytes_per_clk", "NVIDIA A100 architecture whitepaper: 5120 bytes/clk L2 read bandwidth (80 channels in amali.md)"),
+        ("l2_mb", "spec sheet / AMALI paper: 40 MB"),
+        ("l2_bytes_per_clk", "NVIDIA A100 architecture whitepaper: 5120 bytes/clk L2 read bandwidth (80 channels in the AMALI paper)"),
         ("sm_l2_bytes_per_clk", "assumption: 64 bytes per clock into one SM (two 32-byte sectors)"),
-        ("dram_gbps", "hardware.md: 2039 GB/s (A100 SXM 80GB; the paper's board had 1940 GB/s)"),
-        ("memory_gb", "hardware.md: 80 GiB"),
-        ("link_gbps_per_dir", "hardware.md: NVLink 300 GB/s per direction"),
+        ("dram_gbps", "spec sheet: 2039 GB/s (A100 SXM 80GB; the paper's board had 1940 GB/s)"),
+        ("memory_gb", "spec sheet: 80 GiB"),
+        ("link_gbps_per_dir", "spec sheet: NVLink 300 GB/s per direction"),
         ("link_hop_us", _HOP),
         ("kll_k_us", _KLL_K),
     ),
@@ -242,11 +242,11 @@ _H100 = GpuSpec(
     link_hop_us=1.0,
     kll_k_us=1.0,
     sources=(
-        ("sms", "hardware.md: 132 SMs"),
-        ("subcores_per_sm", "amali.md (same SM partitioning as A100)"),
+        ("sms", "spec sheet: 132 SMs"),
+        ("subcores_per_sm", "AMALI paper (same SM partitioning as A100)"),
         ("tensor_cores_per_sm", "cuda-guide / H100 whitepaper (4 fourth-generation tensor cores per SM)"),
-        ("tc_fma_per_clk", "amali.md: 512 BF16 FMA per clock per tensor core; FP8 doubles it (hardware.md: FP8 1978 TFLOPS); TF32 at half rate (H100 SXM datasheet: 989 TF32 TFLOPS with sparsity, 495 dense)"),
-        ("dense_bf16_tflops", "hardware.md: 989 dense BF16 TFLOPS"),
+        ("tc_fma_per_clk", "AMALI paper: 512 BF16 FMA per clock per tensor core; FP8 doubles it (spec sheet: FP8 1978 TFLOPS); TF32 at half rate (H100 SXM datasheet: 989 TF32 TFLOPS with sparsity, 495 dense)"),
+        ("dense_bf16_tflops", "spec sheet: 989 dense BF16 TFLOPS"),
         ("clock_mhz", "derived: 989e12 / (2*132*4*512) = 1830 MHz (the board's maximum boost is higher; tensor work runs near this)"),
         ("fp32_lanes_per_sm", "cuda-guide cc 9.0: 128 FP32 results per clock per SM"),
         ("sfu_per_sm_per_clk", "cuda-guide cc 9.0: 16 special-function results per clock per SM"),
@@ -260,12 +260,12 @@ _H100 = GpuSpec(
         ("smem_latency", _PAPER_LAT_REUSED),
         ("l2_latency", _PAPER_LAT_REUSED),
         ("dram_latency", _PAPER_LAT_REUSED),
-        ("l2_mb", "hardware.md: 50 MB"),
+        ("l2_mb", "spec sheet: 50 MB"),
         ("l2_bytes_per_clk", "assumption: A100's 5120 bytes/clk (no per-clock figure published for H100)"),
         ("sm_l2_bytes_per_clk", "assumption: 64 bytes per clock into one SM"),
-        ("dram_gbps", "hardware.md: 3350 GB/s"),
-        ("memory_gb", "hardware.md: 80 GB"),
-        ("link_gbps_per_dir", "hardware.md: NVLink 450 GB/s per direction"),
+        ("dram_gbps", "spec sheet: 3350 GB/s"),
+        ("memory_gb", "spec sheet: 80 GB"),
+        ("link_gbps_per_dir", "spec sheet: NVLink 450 GB/s per direction"),
         ("link_hop_us", _HOP),
         ("kll_k_us", _KLL_K),
     ),
@@ -278,10 +278,10 @@ _H200 = replace(
     memory_gb=141.0,
     sources=(
         *[(k, v) for k, v in _H100.sources if k not in ("dram_gbps", "memory_gb", "sms", "l2_mb")],
-        ("sms", "hardware.md: H100 die (132 SMs)"),
-        ("l2_mb", "hardware.md: H100 die (50 MB)"),
-        ("dram_gbps", "hardware.md: 4800 GB/s"),
-        ("memory_gb", "hardware.md: 141 GB"),
+        ("sms", "spec sheet: H100 die (132 SMs)"),
+        ("l2_mb", "spec sheet: H100 die (50 MB)"),
+        ("dram_gbps", "spec sheet: 4800 GB/s"),
+        ("memory_gb", "spec sheet: 141 GB"),
     ),
 )
 
@@ -318,8 +318,8 @@ _L4 = GpuSpec(
         ("sms", "NVIDIA L4 datasheet: 7424 CUDA cores = 58 SMs x 128"),
         ("subcores_per_sm", "cuda-guide cc 8.9 (4 SM sub-partitions)"),
         ("tensor_cores_per_sm", "NVIDIA L4 datasheet: 232 tensor cores = 58 SMs x 4"),
-        ("tc_fma_per_clk", "derived: 121 TFLOPS (hardware.md) at the 2040 MHz boost = 128 BF16 FMA per clock per tensor core; FP8 doubles it (datasheet: 485 TFLOPS FP8 with sparsity); TF32 at half rate (datasheet: 120 TF32 TFLOPS with sparsity, 60 dense)"),
-        ("dense_bf16_tflops", "hardware.md: 121 dense BF16 TFLOPS"),
+        ("tc_fma_per_clk", "derived: 121 TFLOPS (spec sheet) at the 2040 MHz boost = 128 BF16 FMA per clock per tensor core; FP8 doubles it (datasheet: 485 TFLOPS FP8 with sparsity); TF32 at half rate (datasheet: 120 TF32 TFLOPS with sparsity, 60 dense)"),
+        ("dense_bf16_tflops", "spec sheet: 121 dense BF16 TFLOPS"),
         ("clock_mhz", "derived: 121e12 / (2*58*4*128) = 2037 MHz (datasheet boost 2040 MHz)"),
         ("fp32_lanes_per_sm", "cuda-guide cc 8.9: 128 FP32 results per clock per SM"),
         ("sfu_per_sm_per_clk", "cuda-guide cc 8.9: 16 special-function results per clock per SM"),
@@ -333,12 +333,12 @@ _L4 = GpuSpec(
         ("smem_latency", _PAPER_LAT_REUSED),
         ("l2_latency", _PAPER_LAT_REUSED),
         ("dram_latency", _PAPER_LAT_REUSED),
-        ("l2_mb", "hardware.md: 48 MB"),
+        ("l2_mb", "spec sheet: 48 MB"),
         ("l2_bytes_per_clk", "assumption: 64 bytes per clock per SM x 58 SMs (no published L2 bandwidth)"),
         ("sm_l2_bytes_per_clk", "assumption: 64 bytes per clock into one SM"),
-        ("dram_gbps", "hardware.md: 300 GB/s"),
-        ("memory_gb", "hardware.md: 24 GiB"),
-        ("link_gbps_per_dir", "hardware.md: PCIe Gen4; 16 GT/s x 16 lanes (128b/130b) = 31.5 GB/s per direction (PCIe 4.0 spec)"),
+        ("dram_gbps", "spec sheet: 300 GB/s"),
+        ("memory_gb", "spec sheet: 24 GiB"),
+        ("link_gbps_per_dir", "spec sheet: PCIe Gen4; 16 GT/s x 16 lanes (128b/130b) = 31.5 GB/s per direction (PCIe 4.0 spec)"),
         ("link_hop_us", _HOP),
         ("kll_k_us", _KLL_K),
     ),
