@@ -169,9 +169,8 @@ class TimedBatch:
     ttft_s: np.ndarray
     e2e_s: np.ndarray
     wall_s: float
-    #: how TTFT was obtained: "metrics" (the engine's own first-token timestamps), "step"
-    #: (the host clock when the step carrying the first token returned) or "batch-prefill"
-    #: (an engine that returns every first token of a batch at once)
+    #: how TTFT was obtained: "step" (the host clock when the step carrying the first token
+    #: returned) or "batch-prefill" (an engine that returns every first token of a batch at once)
     ttft_source: str = "step"
 
 
@@ -182,18 +181,17 @@ class StepObservation:
     request_id: str
     n_tokens: int  # tokens generated so far (cumulative)
     finished: bool
-    #: the engine's wall-clock (time.time) timestamp of the first token, when it keeps one
-    first_token_wall: float | None = None
 
 
 class RequestClock:
     """Turns step observations into per-request first-token and finish times.
 
-    ``t0`` is the ``time.perf_counter`` value and ``t0_wall`` the ``time.time`` value
-    taken just before the first request was handed to the engine.
+    ``t0`` is the ``time.perf_counter`` value taken just before the first request was
+    handed to the engine.  A request's first token is timed when the step that carries it
+    returns (engines that keep their own first-token timestamps no longer expose them).
     """
 
-    def __init__(self, request_ids: Sequence[str], output_lens: Sequence[int], *, t0: float, t0_wall: float):
+    def __init__(self, request_ids: Sequence[str], output_lens: Sequence[int], *, t0: float):
         if len(request_ids) != len(output_lens):
             raise ValueError("one output length per request id")
         self.ids = list(request_ids)
@@ -201,12 +199,11 @@ class RequestClock:
         if len(self.index) != len(self.ids):
             raise ValueError("request ids must be unique")
         self.expected = np.asarray(output_lens, np.int64)
-        self.t0, self.t0_wall = t0, t0_wall
+        self.t0 = t0
         n = len(self.ids)
         self.first = np.full(n, np.nan)
         self.done = np.full(n, np.nan)
         self.tokens = np.zeros(n, np.int64)
-        self.first_wall = np.full(n, np.nan)
 
     def observe(self, now: float, observations: Iterable[StepObservation]) -> None:
         for ob in observations:
@@ -215,8 +212,6 @@ class RequestClock:
                 raise RunnerError(f"the engine returned output for request {ob.request_id!r}, which this batch did not submit")
             if ob.n_tokens > 0 and np.isnan(self.first[i]):
                 self.first[i] = now
-            if ob.first_token_wall is not None and np.isfinite(ob.first_token_wall):
-                self.first_wall[i] = float(ob.first_token_wall)
             self.tokens[i] = max(self.tokens[i], int(ob.n_tokens))
             if ob.finished and np.isnan(self.done[i]):
                 self.done[i] = now
@@ -237,14 +232,13 @@ class RequestClock:
                 f"the engine stopped early (end-of-sequence not ignored, or max_model_len too small)"
             )
         e2e = self.done - self.t0
-        # the engine's own first-token timestamps are preferred when it keeps them for every
-        # request and they are consistent with the host's view of the batch
-        fw = self.first_wall - self.t0_wall
-        if np.isfinite(fw).all() and (fw >= -1e-3).all() and (fw <= e2e + 1e-3).all():
-            ttft, source = np.clip(fw, 0.0, None), "metrics"
-        else:
-            ttft, source = self.first - self.t0, "step"
-        return TimedBatch(ttft_s=ttft, e2e_s=e2e, wall_s=float(e2e.max()) if e2e.size else 0.0, ttft_source=source)
+        return TimedBatch(ttft_s=self.first - self.t0, e2e_s=e2e, wall_s=float(e2e.max()) if e2e.size else 0.0,
+                          ttft_source="step")
+
+    def first_token_steps(self) -> int:
+        """In how many distinct engine steps the batch's first tokens came out."""
+        seen = self.first[np.isfinite(self.first)]
+        return int(np.unique(seen).size)
 
 
 def drive_steps(
@@ -395,10 +389,17 @@ class EngineRunner(Runner):
     ``require_sdk``, ``engine_spec`` (pure: returns an object with a ``key`` attribute) and
     ``versions``.  An engine is kept while consecutive calls need the same configuration
     and closed before another one starts (accelerator memory holds one at a time).
+    With ``one_unit_per_process`` each engine lives in a child process of its own
+    (``runners._engine_host``), ended when the engine is closed.
     """
 
     simulated = False
     engine_class: Any = None
+    #: start every engine in a child process of its own, so closing it frees the device
+    one_unit_per_process: bool = False
+    #: how the engine encodes a batch's prompts: "sequential" (one request after another,
+    #: the estimator's static composition) or "batched" (the whole batch in one step)
+    prefill: str = "sequential"
 
     def __init__(self, target: Target):
         super().__init__(target)
@@ -436,7 +437,12 @@ class EngineRunner(Runner):
         self._close_engine()
         t0 = time.perf_counter()
         try:
-            engine = self.engine_class(spec)
+            if self.one_unit_per_process:
+                from ._engine_host import EngineProcess
+
+                engine = EngineProcess(self.engine_class, spec)
+            else:
+                engine = self.engine_class(spec)
         except LensoptError:
             raise
         except Exception as exc:  # an SDK failure is a runner failure, with its cause chained

@@ -17,8 +17,20 @@ unit onto the NeuronCores is counted in ``run_s``.
 
 Weights: ``[target.options] model`` is a Hugging Face checkpoint folder.  With
 ``random_weights = true`` and no ``model``, a checkpoint of ``[target.model]``'s shape
-with random weights is written once under ``<artifacts_dir>/checkpoints/`` (needs torch
-and transformers, present with NxD Inference): no download.
+with random weights is written once under ``<artifacts_dir>/checkpoints/``
+(``runners._model_dir``, numpy only): no download.
+
+Buckets: NxD Inference runs a length l in the smallest bucket b with l < b (the largest
+also takes l == b), the ``exclusive`` policy; a target with another ``bucket_policy`` is
+refused when it is loaded.  A static batch is padded to its longest prompt and decoded
+to its longest output, so the compiled length (the largest bucket) must hold the
+longest prompt plus the longest output of every batch, not only of each request:
+``run_workload`` refuses a batch that would overrun it, naming the batch and its requests.
+
+Processes: each compiled unit is loaded in a child process of its own
+(``one_unit_per_process``) and closing it ends that process, so the NeuronCores are free
+before a unit of another tp loads.  (Until it is shown on hardware that NxD Inference
+releases them within one process.)
 
 Timing: generation goes through NxD Inference's ``HuggingFaceGenerationAdapter`` with a
 stopping criterion that only records the host time after every generated token (it
@@ -27,7 +39,9 @@ all its prompts are encoded, so every request's TTFT is the batch's prefill time
 (``ttft_source = "batch-prefill"``); request i's E2E is the time of its l_out-th token.
 The batch always decodes to its longest output and rows that are done keep their
 context growing, so the token-generation bucket of a step follows the longest context of
-*all* rows (the estimator's static mode follows the rows still generating).
+*all* rows (the estimator's static mode follows the rows still generating).  No
+end-of-sequence id stops a row: ``eos_token_id=[]`` (``None`` would let transformers
+fill in the model's own, and rows would stop early).
 
 Only ``_NxdEngine`` touches the Neuron SDK; everything else is pure and unit-tested.
 """
@@ -40,11 +54,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from lens.errors import RunnerUnavailable, UserError
-from lens.types import Candidate, ModelShape, Target, stable_hash
+import numpy as np
 
-from ._llm_common import EngineRunner, TimedBatch, times_from_steps
-from ._llm_host import base_versions, dist_versions, llama_hf_config, neuron_driver_version, write_llama_model_dir
+from lens.buckets import validate_buckets
+from lens.errors import RunnerUnavailable, UserError
+from lens.types import Candidate, ModelShape, Requests, Target, Unit, WorkloadRun, stable_hash
+
+from ._llm_common import EngineRunner, TimedBatch, check_requests, times_from_steps
+from ._llm_host import base_versions, dist_versions, llama_hf_config, neuron_driver_version
 
 #: model family -> (module, InferenceConfig class, model class) in neuronx_distributed_inference.models
 FAMILIES: dict[str, tuple[str, str, str]] = {
@@ -168,18 +185,29 @@ def deploy_config(target: Target, opts: Mapping[str, Any], candidate: Candidate)
 # -- the SDK boundary ---------------------------------------------------------------------------
 
 
-def _ensure_random_checkpoint(folder: Path, shape: ModelShape, dtype: str, seed: int, max_position: int) -> None:
-    """A Hugging Face Llama checkpoint with random weights in ``folder`` (written once)."""
-    if any(folder.glob("*.safetensors")):
-        return
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def check_batches(input_len, output_len, *, batch: int, seq_len: int) -> None:
+    """Every static batch's padded length fits the compiled one, or ``UserError`` naming it.
 
-    write_llama_model_dir(folder, shape, dtype=dtype, max_position=max_position)
-    torch.manual_seed(seed)
-    cfg = LlamaConfig.from_pretrained(str(folder))
-    model = LlamaForCausalLM(cfg).to(getattr(torch, dtype))
-    model.save_pretrained(str(folder), safe_serialization=True)
+    NxD Inference pads a batch to its longest prompt and decodes it to its longest output,
+    so its last context is max l_in + max l_out - 1, which must stay within ``seq_len`` (the
+    largest bucket), even when each request alone fits (e.g. (2000, 10) beside (10, 2000)
+    with 2048).
+    """
+    lin = np.asarray(input_len, np.int64)
+    lout = np.asarray(output_len, np.int64)
+    for s in range(0, lin.size, batch):
+        e = min(s + batch, lin.size)
+        i = s + int(np.argmax(lin[s:e]))
+        j = s + int(np.argmax(lout[s:e]))
+        last = int(lin[i] + lout[j] - 1)
+        if last > seq_len:
+            raise UserError(
+                f"neuron runner: batch {s // batch} (requests {s}..{e - 1}): its longest prompt (request {i}, "
+                f"{lin[i]} tokens) and longest output (request {j}, {lout[j]} tokens) reach context {last}, past the "
+                f"compiled length {seq_len} (the largest bucket): NxD Inference pads a static batch to its longest "
+                f"prompt and decodes it to its longest output; add a larger bucket or put such requests in "
+                f"different batches"
+            )
 
 
 class _NxdEngine:
@@ -196,8 +224,10 @@ class _NxdEngine:
         mod = importlib.import_module(module)
         checkpoint = Path(spec.checkpoint)
         if spec.random_weights:
-            _ensure_random_checkpoint(checkpoint, spec.shape, spec.dtype, spec.seed,
-                                      max_position=int(spec.neuron_config["seq_len"]))
+            from ._model_dir import write_random_checkpoint
+
+            write_random_checkpoint(checkpoint, spec.shape, dtype=spec.dtype, seed=spec.seed,
+                                    max_position=int(spec.neuron_config["seq_len"]))
         nc = NeuronConfig(**json.loads(json.dumps(dict(spec.neuron_config))))
         config = getattr(mod, config_cls)(nc, load_config=load_pretrained_config(str(checkpoint)))
         model = getattr(mod, model_cls)(str(checkpoint), config)
@@ -235,8 +265,9 @@ class _NxdEngine:
             ids[i, : len(p)] = torch.tensor([int(x) for x in p], dtype=torch.long)
             mask[i, : len(p)] = 1
         steps = max(int(n) for n in output_lens)
-        # no end-of-sequence id: every row generates exactly `steps` tokens
-        gen = GenerationConfig(do_sample=False, top_k=1, max_new_tokens=steps, eos_token_id=None, pad_token_id=0)
+        # no end-of-sequence id at all ([], as NxD Inference's own benchmark does): with None,
+        # transformers falls back to the model's, and rows would stop before `steps` tokens
+        gen = GenerationConfig(do_sample=False, top_k=1, max_new_tokens=steps, eos_token_id=[], pad_token_id=0)
         t0 = time.perf_counter()
         self.adapter.generate(ids, attention_mask=mask, generation_config=gen,
                               stopping_criteria=StoppingCriteriaList([_StepClock()]))
@@ -259,6 +290,7 @@ class NeuronRunner(EngineRunner):
 
     name = "neuron"
     engine_class = _NxdEngine
+    one_unit_per_process = True
     options_schema: dict[str, tuple[type, Any]] = {
         "model": (str, ""),  # Hugging Face checkpoint folder
         "random_weights": (bool, False),  # no model: a random checkpoint of [target.model]'s shape
@@ -271,6 +303,11 @@ class NeuronRunner(EngineRunner):
 
     def __init__(self, target: Target):
         super().__init__(target)
+        if target.bucket_policy != "exclusive":
+            raise UserError(
+                f"neuron runner: target.bucket_policy = {target.bucket_policy!r}, but NxD Inference runs a length l in "
+                f"the smallest bucket b with l < b (the largest also takes l == b): set bucket_policy = \"exclusive\""
+            )
         if self.opts["family"] not in FAMILIES:
             raise UserError(
                 f"neuron runner: family = {self.opts['family']!r} is unknown: use one of {', '.join(FAMILIES)}"
@@ -286,6 +323,7 @@ class NeuronRunner(EngineRunner):
             raise UserError("neuron runner: random_weights writes a Llama checkpoint: use family = \"llama\"")
         if target.dtype not in _DTYPES:
             raise UserError(f"neuron runner: dtype {target.dtype!r} is not supported: use one of {', '.join(_DTYPES)}")
+        self.prefill = "batched" if self.opts["batched_prefill"] else "sequential"
         self._versions: dict[str, str] | None = None
 
     # -- identity --------------------------------------------------------------------------
@@ -327,6 +365,16 @@ class NeuronRunner(EngineRunner):
             seed=t.seed, artifacts=str(folder), versions=self.versions(),
         )
 
+    def run_workload(self, candidate: Candidate, requests: Requests) -> WorkloadRun:
+        ctx = validate_buckets(candidate.ctx_buckets, what="ctx_buckets")
+        tkg = validate_buckets(candidate.tkg_buckets, what="tkg_buckets")
+        self.check_unit(Unit(self.target, candidate.tp, candidate.batch))
+        # each request alone first (its message names it), then each static batch as padded
+        check_requests(self.name, requests.input_len, requests.output_len, ctx, tkg, self.target.bucket_policy)
+        check_batches(requests.input_len, requests.output_len, batch=candidate.batch,
+                      seq_len=max(max(ctx), max(tkg)))
+        return super().run_workload(candidate, requests)
+
     def deploy_snippets(self, candidate: Candidate) -> dict[str, str]:
         files = super().deploy_snippets(candidate)
         files["neuron_config.json"] = json.dumps(deploy_config(self.target, self.opts, candidate),
@@ -340,6 +388,7 @@ __all__ = [
     "NeuronRunner",
     "NeuronUnitSpec",
     "artifacts_complete",
+    "check_batches",
     "deploy_config",
     "neuron_config_kwargs",
     "sdk_versions",

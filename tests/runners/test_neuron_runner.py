@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -18,15 +20,16 @@ from runners import get_runner
 from runners import neuron as nr
 from runners._llm_common import times_from_steps
 
+ROOT = Path(__file__).resolve().parents[2]
 SHAPE = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
 SMALL = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=500)
 FAKE_VERSIONS = {"python": "3.x", "neuronx-cc": "2.0.test", "torch-neuronx": "2.x", "neuronx-distributed-inference": "0.x"}
 
 
-def target(*, shape=SHAPE, dtype="bfloat16", hardware="inf2", **opts) -> Target:
+def target(*, shape=SHAPE, dtype="bfloat16", hardware="inf2", policy="exclusive", **opts) -> Target:
     if "model" not in opts and "random_weights" not in opts:
         opts["model"] = "/models/llama"
-    return Target(name="n", runner="neuron", hardware=hardware, bucket_policy="exclusive", dtype=dtype, model=shape,
+    return Target(name="n", runner="neuron", hardware=hardware, bucket_policy=policy, dtype=dtype, model=shape,
                   options=tuple(sorted(opts.items())))
 
 
@@ -219,6 +222,7 @@ class FakeNxd:
 def fake_runner(monkeypatch, fake_sdk, tmp_path):
     FakeNxd.started = []
     monkeypatch.setattr(nr.NeuronRunner, "engine_class", FakeNxd)
+    monkeypatch.setattr(nr.NeuronRunner, "one_unit_per_process", False)  # FakeNxd.started is this process's
     r = get_runner(target(shape=SMALL, artifacts_dir=str(tmp_path), warmup=1))
     yield r
     r.close()
@@ -254,6 +258,268 @@ def test_workload_per_request_times(fake_runner):
     assert run.compile_s == 30.0 and r.last_ttft_sources == ("batch-prefill",)
 
 
+def test_workload_refuses_a_batch_that_overruns_the_compiled_length(fake_runner):
+    r = fake_runner
+    cand = Candidate(1, 2, (1024, 2048), (1024, 2048))
+    # each request alone fits 2048; padded together they reach 2000 + 2000 - 1
+    with pytest.raises(UserError, match=r"batch 0 \(requests 0\.\.1\): its longest prompt \(request 0, 2000 tokens\) "
+                                        r"and longest output \(request 1, 2000 tokens\) reach context 3999, past the "
+                                        r"compiled length 2048"):
+        r.run_workload(cand, Requests([2000, 10], [10, 2000]))
+    with pytest.raises(UserError, match="batch 1 \\(requests 2\\.\\.3\\)"):
+        r.run_workload(cand, Requests([2000, 30, 2000, 10], [10, 40, 10, 2000]))
+    assert FakeNxd.started == []  # refused before anything was compiled
+    r.run_workload(cand, Requests([2000, 10, 10, 30], [10, 40, 2000, 900]))  # long prompts and long outputs apart
+
+
+def test_check_batches_matches_the_single_request_rule():
+    nr.check_batches([100], [1949], batch=4, seq_len=2048)  # 100 + 1949 - 1 = 2048: fits, as alone
+    with pytest.raises(UserError, match="reach context 2049"):
+        nr.check_batches([100, 3], [1, 1950], batch=4, seq_len=2048)
+
+
+def test_inclusive_policy_is_refused():
+    with pytest.raises(UserError, match="target.bucket_policy = 'inclusive'.*l < b.*set bucket_policy = \"exclusive\""):
+        get_runner(target(policy="inclusive"))
+
+
+def test_loading_an_inclusive_neuron_space_fails_naming_the_file_and_key(tmp_path, capsys):
+    from search.cli import main
+
+    text = (ROOT / "spaces" / "neuron-inf2-example.toml").read_text()
+    assert 'bucket_policy = "exclusive"' in text
+    space = tmp_path / "inclusive-neuron.toml"
+    space.write_text(text.replace('bucket_policy = "exclusive"', 'bucket_policy = "inclusive"'))
+    rc = main(["profile", str(space), "--tp", "1", "--batch", "1", "--cache", str(tmp_path / "c.sqlite")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert str(space) in err and "target.bucket_policy = 'inclusive'" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "c.sqlite").exists()
+
+
+# -- random checkpoints (numpy only) -------------------------------------------------------------------
+
+
+def test_bfloat16_rounds_to_nearest_even():
+    from runners._model_dir import to_bfloat16_bits
+
+    x = np.array([0x3F800000, 0xC0000000, 0x3DCCCCCD, 0x3F808000, 0x3F818000], np.uint32).view(np.float32)
+    assert to_bfloat16_bits(x).tolist() == [0x3F80, 0xC000, 0x3DCD, 0x3F80, 0x3F82]
+
+
+def test_random_checkpoint_is_a_valid_safetensors_file(tmp_path):
+    from runners import _model_dir as ck
+
+    d = ck.write_random_checkpoint(tmp_path / "m", SMALL, dtype="float32", seed=3, max_position=257)
+    f = d / ck.WEIGHTS
+    head = ck.read_header(f)
+    names = [n for n, _ in ck.llama_tensors(SMALL)]
+    assert sorted(k for k in head if k != "__metadata__") == sorted(names)
+    assert sum(np.prod(v["shape"]) for k, v in head.items() if k != "__metadata__") == SMALL.param_count()
+    n = int.from_bytes(f.read_bytes()[:8], "little")
+    raw = f.read_bytes()[8 + n:]
+    a, b = head["model.layers.0.mlp.up_proj.weight"]["data_offsets"]
+    w = np.frombuffer(raw[a:b], "<f4").reshape(head["model.layers.0.mlp.up_proj.weight"]["shape"])
+    assert w.shape == (SMALL.intermediate, SMALL.hidden) and abs(w.std() - 0.02) < 0.002 and abs(w.mean()) < 0.002
+    a, b = head["model.norm.weight"]["data_offsets"]
+    assert (np.frombuffer(raw[a:b], "<f4") == 1).all()
+    assert json.loads((d / "config.json").read_text())["max_position_embeddings"] == 257
+    before = f.stat().st_mtime_ns
+    assert ck.write_random_checkpoint(tmp_path / "m", SMALL, dtype="float32", seed=3, max_position=257) == d
+    assert f.stat().st_mtime_ns == before  # written once
+    with pytest.raises(UserError, match="is not this model's random checkpoint"):
+        ck.write_random_checkpoint(tmp_path / "m", SMALL, dtype="float32", seed=4, max_position=257)
+    f.write_bytes(f.read_bytes()[:-10])  # cut short: not a checkpoint any more
+    with pytest.raises(ValueError, match="the header describes"):
+        ck.read_header(f)
+
+
+# -- the real engine boundary in child processes, against a fake Neuron SDK ---------------------------
+
+#: A stand-in for torch, transformers and NxD Inference with the behaviours the runner must
+#: survive: GenerationConfig(eos_token_id=None) falls back to the model's end-of-sequence id
+#: (the fake emits it at the third step), a batch padded past the compiled length overruns
+#: the attention mask, the checkpoint folder must hold safetensors, and a loaded unit keeps
+#: its NeuronCores for the life of its process (FAKE_NEURON_CORES holds one file per core,
+#: naming the process holding it).  Every load and generate appends a line to FAKE_NEURON_LOG.
+FAKE_NEURON_SDK = {
+    "torch/__init__.py": """
+        import numpy as np
+
+        class Tensor(np.ndarray):
+            device = "cpu"
+
+        long, bool = np.int64, np.bool_
+
+        def zeros(shape, dtype=None, device=None):
+            return np.zeros(shape, dtype=dtype or np.float32).view(Tensor)
+
+        def tensor(data, dtype=None):
+            return np.asarray(data, dtype=dtype).view(Tensor)
+    """,
+    "transformers/__init__.py": """
+        class GenerationConfig:
+            def __init__(self, **kw):
+                self.__dict__.update(kw)
+
+        class StoppingCriteria:
+            pass
+
+        class StoppingCriteriaList(list):
+            pass
+    """,
+    "neuronx_distributed_inference/__init__.py": "",
+    "neuronx_distributed_inference/models/__init__.py": "",
+    "neuronx_distributed_inference/models/config.py": """
+        class NeuronConfig:
+            def __init__(self, **kw):
+                self.__dict__.update(kw)
+    """,
+    "neuronx_distributed_inference/models/llama/__init__.py": "",
+    "neuronx_distributed_inference/models/llama/modeling_llama.py": """
+        import glob, json, os
+
+        def log(**event):
+            with open(os.environ["FAKE_NEURON_LOG"], "a") as fh:
+                fh.write(json.dumps(dict(event, pid=os.getpid())) + "\\n")
+
+        def alive(pid):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            return True
+
+        class LlamaInferenceConfig:
+            def __init__(self, neuron_config, load_config=None):
+                self.neuron_config = neuron_config
+                self.hf = load_config()
+
+        class NeuronLlamaForCausalLM:
+            def __init__(self, path, config):
+                if not glob.glob(os.path.join(path, "*.safetensors")):
+                    raise FileNotFoundError(f"no safetensors checkpoint in {path}")
+                self.config = config
+
+            def compile(self, path):
+                open(os.path.join(path, "model.pt"), "w").write("compiled")
+
+            def load(self, path):
+                for core in range(self.config.neuron_config.tp_degree):
+                    f = os.path.join(os.environ["FAKE_NEURON_CORES"], f"core{core}")
+                    if os.path.exists(f) and alive(int(open(f).read())):
+                        raise RuntimeError(f"NeuronCore {core} is held by process {open(f).read()}")
+                    open(f, "w").write(str(os.getpid()))
+                log(event="load", tp=self.config.neuron_config.tp_degree)
+    """,
+    "neuronx_distributed_inference/utils/__init__.py": "",
+    "neuronx_distributed_inference/utils/hf_adapter.py": """
+        import json, os
+        import numpy as np
+        from neuronx_distributed_inference.models.llama.modeling_llama import log
+
+        MODEL_EOS = 2
+
+        def load_pretrained_config(path):
+            return lambda: json.load(open(os.path.join(path, "config.json")))
+
+        class HuggingFaceGenerationAdapter:
+            def __init__(self, model):
+                self.model = model
+
+            def generate(self, input_ids, attention_mask=None, generation_config=None, stopping_criteria=()):
+                seq_len = self.model.config.neuron_config.seq_len
+                width, steps = input_ids.shape[1], generation_config.max_new_tokens
+                eos = generation_config.eos_token_id
+                log(event="generate", eos=eos, width=width, steps=steps)
+                eos = [MODEL_EOS] if eos is None else [eos] if isinstance(eos, int) else eos
+                if width + steps - 1 > seq_len:
+                    raise IndexError(f"position {width + steps - 1} is past the attention mask of {seq_len}")
+                done = np.zeros(input_ids.shape[0], bool)
+                ids = input_ids
+                for t in range(steps):
+                    tok = np.full(input_ids.shape[0], MODEL_EOS if t == 2 else 7)
+                    ids = np.concatenate([ids, tok[:, None]], axis=1).view(type(input_ids))
+                    done |= np.isin(tok, eos)
+                    for c in stopping_criteria:
+                        c(ids, None)
+                    if done.all():
+                        break
+                return ids
+    """,
+}
+
+
+@pytest.fixture
+def fake_neuron_sdk(tmp_path, monkeypatch, fake_sdk):
+    """The fake SDK on disk, on the path the engine processes import from; returns the log reader."""
+    root = tmp_path / "fake_sdk"
+    for rel, src in FAKE_NEURON_SDK.items():
+        f = root / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(textwrap.dedent(src))
+    (tmp_path / "cores").mkdir()
+    monkeypatch.syspath_prepend(str(root))  # handed to the engine processes, never imported here
+    monkeypatch.setenv("FAKE_NEURON_CORES", str(tmp_path / "cores"))
+    monkeypatch.setenv("FAKE_NEURON_LOG", str(tmp_path / "log.jsonl"))
+
+    def events():
+        f = tmp_path / "log.jsonl"
+        return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+
+    return events
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_each_unit_runs_in_a_process_of_its_own_that_frees_its_cores(fake_neuron_sdk, tmp_path):
+    assert nr.NeuronRunner.one_unit_per_process is True
+    r = get_runner(target(shape=SMALL, random_weights=True, artifacts_dir=str(tmp_path / "art"), warmup=0))
+    probes = plan_probes((64, 128), policy="exclusive", max_output=8, repeats=1)
+    try:
+        r.profile(Unit(r.target, 1, 2), probes)
+        first = r._engine
+        r.profile(Unit(r.target, 2, 2), probes)  # another tp: its cores were held by the first unit
+        assert not first.alive  # the first unit's process ended before the second loaded
+        run = r.run_workload(Candidate(2, 2, (64, 128), (64, 128)), Requests([10, 100, 30], [5, 20, 3]))
+    finally:
+        r.close()
+    loads = [e for e in fake_neuron_sdk() if e["event"] == "load"]
+    assert [e["tp"] for e in loads] == [1, 2] and loads[0]["pid"] != loads[1]["pid"]
+    assert all(e["pid"] != os.getpid() and not _alive(e["pid"]) for e in loads)
+    assert (run.e2e_s > 0).all() and (run.e2e_s >= run.ttft_s).all()
+    ck = r.checkpoint_dir()
+    assert (ck / "model.safetensors").stat().st_size > 2 * SMALL.param_count()  # bfloat16 weights, no torch
+
+
+def test_generation_never_stops_on_an_end_of_sequence_id(fake_neuron_sdk, tmp_path):
+    from runners._model_dir import write_random_checkpoint
+
+    ck = write_random_checkpoint(tmp_path / "ckpt", SMALL, dtype="bfloat16", seed=0, max_position=129)
+    r = get_runner(target(shape=SMALL, model=str(ck), artifacts_dir=str(tmp_path / "art"), warmup=0))
+    try:
+        run = r.run_workload(Candidate(1, 2, (64, 128), (64, 128)), Requests([10, 40], [12, 6]))
+    finally:
+        r.close()
+    gens = [e for e in fake_neuron_sdk() if e["event"] == "generate"]
+    assert gens and all(e["eos"] == [] for e in gens)  # None would fall back to the model's id
+    assert run.e2e_s[0] > run.e2e_s[1]  # row 0 generated all 12 tokens
+
+
+def test_an_engine_process_failure_reaches_the_caller(fake_neuron_sdk, tmp_path):
+    r = get_runner(target(shape=SMALL, model=str(tmp_path / "no-checkpoint"), artifacts_dir=str(tmp_path / "art")))
+    with pytest.raises(RunnerError, match="starting the engine for tp 1, batch 1 failed: FileNotFoundError: .*"
+                                          "no-checkpoint"):
+        r.run_workload(Candidate(1, 1, (64,), (64,)), Requests([5], [2]))
+    r.close()
+
+
 # -- real hardware ----------------------------------------------------------------------------------
 
 
@@ -286,7 +552,20 @@ from runners.conformance import RunnerConformance  # noqa: E402
 CONF_MODEL = ModelShape(layers=2, hidden=256, heads=4, kv_heads=2, intermediate=512, vocab=1024)
 
 
-class TestNeuronFlowConformance(RunnerConformance):
+class _ExclusiveOnly:
+    """NxD Inference has one bucket policy: the other one is refused, not fingerprinted."""
+
+    policies = ("exclusive",)
+
+    def test_fingerprint_is_stable_and_follows_the_model(self, runner):
+        fp = runner.fingerprint()
+        assert get_runner(self.make_target()).fingerprint() == fp
+        assert get_runner(self.make_target(model=self.other_model())).fingerprint() != fp
+        with pytest.raises(UserError, match="target.bucket_policy = 'inclusive'"):
+            get_runner(self.make_target(policy="inclusive"))
+
+
+class TestNeuronFlowConformance(_ExclusiveOnly, RunnerConformance):
     """The shared runner flow of ``neuron`` (options, units, probes, workloads) with a fake engine."""
 
     model = CONF_MODEL
@@ -297,6 +576,7 @@ class TestNeuronFlowConformance(RunnerConformance):
         cls.artifacts = str(tmp_path_factory.mktemp("neuron-artifacts"))
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(nr.NeuronRunner, "engine_class", FakeNxd)
+            mp.setattr(nr.NeuronRunner, "one_unit_per_process", False)
             mp.setattr(nr, "sdk_versions", lambda: dict(FAKE_VERSIONS))
             yield
 
@@ -313,7 +593,7 @@ class TestNeuronFlowConformance(RunnerConformance):
 
 @pytest.mark.neuron
 @pytest.mark.skipif(not _has_neuron(), reason="needs the Neuron SDK (neuronx-distributed-inference) and a NeuronCore")
-class TestNeuronHardwareConformance(RunnerConformance):
+class TestNeuronHardwareConformance(_ExclusiveOnly, RunnerConformance):
     """The conformance suite on a NeuronCore through NxD Inference (random weights, a tiny model)."""
 
     model = CONF_MODEL

@@ -7,7 +7,11 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
 import shlex
+import subprocess
+import sys
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,11 +29,15 @@ from runners._llm_common import RequestClock, StepObservation, TimedBatch, drive
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
 SMALL = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=500)
-FAKE_VERSIONS = {"python": "3.x", "vllm": "0.0.test", "torch": "2.x", "cuda": "12.x", "gpus": "1 x Fake GPU"}
+FAKE_VERSIONS = {"python": "3.x", "vllm": "0.11.test", "torch": "2.x", "cuda": "12.x", "gpus": "1 x Fake GPU",
+                 "vllm-neuron": "0.2.0"}
 
 
-def target(hardware="h200", *, shape=SHAPE, dtype="bfloat16", policy="inclusive", **opts) -> Target:
-    opts.setdefault("model", "/models/llama")
+def target(hardware="h200", *, shape=SHAPE, dtype="bfloat16", policy=None, **opts) -> Target:
+    plat = vr.resolve_platform(hardware, opts.get("platform", ""))
+    if plat != "neuron" or opts.get("load_format", "dummy") != "dummy":
+        opts.setdefault("model", "/models/llama")
+    policy = policy or ("exclusive" if plat == "neuron" else "inclusive")
     return Target(name="t", runner="vllm", hardware=hardware, bucket_policy=policy, dtype=dtype, model=shape,
                   options=tuple(sorted(opts.items())))
 
@@ -37,7 +45,8 @@ def target(hardware="h200", *, shape=SHAPE, dtype="bfloat16", policy="inclusive"
 def spec(hardware="h200", tp=2, batch=8, ctx=(128, 256, 512), tkg=None, root=None, **opts):
     t = target(hardware, **opts)
     r = vr.VllmRunner(t)
-    return vr.build_engine_spec(t, r.opts, tp=tp, batch=batch, ctx=ctx, tkg=tkg or ctx, artifacts_root=root)
+    return vr.build_engine_spec(t, r.opts, tp=tp, batch=batch, ctx=ctx, tkg=tkg or ctx, artifacts_root=root,
+                                checkpoint=r.checkpoint_dir())
 
 
 # -- platform and engine arguments ---------------------------------------------------------------
@@ -67,6 +76,7 @@ def test_gpu_engine_arguments():
     assert kw["max_model_len"] == 513  # largest bucket + 1: vLLM counts the last token too
     assert kw["skip_tokenizer_init"] is True and kw["load_format"] == "dummy"
     assert kw["enable_prefix_caching"] is False
+    assert kw["max_num_batched_tokens"] == 8 * 512  # a batch's prompts fit one step
     assert kw["compilation_config"] == {"cudagraph_capture_sizes": [8]}
     assert "enforce_eager" not in kw and s.env == {}
     assert vr.build_engine_spec(target(), vr.VllmRunner(target()).opts, tp=2, batch=8, ctx=(128, 256, 512),
@@ -107,33 +117,72 @@ def test_tpu_padding_ladder():
 
 
 def test_tpu_engine_arguments():
-    s = spec("tpu-v6e", tp=4, batch=8, ctx=(128, 256, 384, 512))
-    assert s.platform == "tpu"
+    s = spec("tpu-v6e", tp=4, batch=1, ctx=(128, 256, 384, 512))
+    assert s.platform == "tpu" and s.prefill == "batched"
     assert s.env == {"VLLM_TPU_BUCKET_PADDING_GAP": "128"}
     assert s.llm_kwargs["max_num_batched_tokens"] == 512
     assert "compilation_config" not in s.llm_kwargs
-    assert spec("tpu-v6e", ctx=(128, 256, 512)).env["VLLM_TPU_BUCKET_PADDING_GAP"] == "0"
-    assert spec("tpu-v6e", max_num_batched_tokens=2048).llm_kwargs["max_num_batched_tokens"] == 2048
+    assert spec("tpu-v6e", batch=1, ctx=(128, 256, 512)).env["VLLM_TPU_BUCKET_PADDING_GAP"] == "0"
+    assert spec("tpu-v6e", batch=1, max_num_batched_tokens=2048).llm_kwargs["max_num_batched_tokens"] == 2048
+
+
+def test_token_budget_holds_a_whole_batch():
+    assert vr.token_budget({}, batch=8, ctx=(128, 2048)) == 16384
+    assert vr.token_budget({"max_num_batched_tokens": 32768}, batch=8, ctx=(2048,)) == 32768
+    with pytest.raises(UserError, match="max_num_batched_tokens = 8192 is less than batch 8 x the largest context "
+                                        "bucket 2048"):
+        vr.token_budget({"max_num_batched_tokens": 8192}, batch=8, ctx=(2048,))
+
+
+def test_tpu_refuses_batches_over_one():
+    r = get_runner(target("tpu-v6e"))
+    r.check_unit(Unit(r.target, 4, 1))
+    with pytest.raises(UserError, match="tpu.*batch = 8.*pads the tokens of a whole step"):
+        r.check_unit(Unit(r.target, 4, 8))
+
+
+def test_bucket_policy_must_be_the_platforms():
+    with pytest.raises(UserError, match="target.bucket_policy = 'inclusive'.*neuron.*set bucket_policy = \"exclusive\""):
+        get_runner(target("inf2", policy="inclusive"))
+    with pytest.raises(UserError, match="target.bucket_policy = 'exclusive'.*tpu.*set bucket_policy = \"inclusive\""):
+        get_runner(target("tpu-v5e", policy="exclusive"))
+    for policy in ("inclusive", "exclusive"):  # a GPU compiles no lengths: either shapes LENS's profile
+        get_runner(target("h200", policy=policy))
+
+
+def test_prefill_mode_per_platform():
+    assert get_runner(target("h200")).prefill == "batched"
+    assert get_runner(target("tpu-v6e")).prefill == "batched"
+    assert get_runner(target("inf2")).prefill == "sequential"  # the Neuron plugin encodes one prompt per step
+    assert vr.VllmRunner.one_unit_per_process is True
 
 
 def test_neuron_engine_arguments(tmp_path):
-    s = spec("inf2", tp=2, batch=4, ctx=(128, 512), tkg=(128, 256, 512), root=tmp_path)
+    s = spec("inf2", tp=2, batch=4, ctx=(128, 512), tkg=(128, 256, 512), root=tmp_path, artifacts_dir=str(tmp_path))
     nc = s.llm_kwargs["additional_config"]["override_neuron_config"]
     assert nc == {"enable_bucketing": True, "context_encoding_buckets": [128, 512],
                   "token_generation_buckets": [128, 256, 512], "max_context_length": 512, "seq_len": 512}
     assert s.llm_kwargs["num_gpu_blocks_override"] == 4
-    assert "override_neuron_config" not in s.llm_kwargs
+    assert "override_neuron_config" not in s.llm_kwargs  # current EngineArgs has no such argument
+    assert s.prefill == "sequential"
     art = Path(s.env["NEURON_COMPILED_ARTIFACTS"])
     assert art.parent == tmp_path and art.name.startswith("tp2_b4_")
     other = spec("inf2", tp=2, batch=4, ctx=(128, 512), tkg=(128, 512), root=tmp_path)
     assert other.env["NEURON_COMPILED_ARTIFACTS"] != str(art)  # one folder per configuration
+    # random weights: the plugin ignores load_format, so a checkpoint of [target.model] is written
+    ck = Path(s.llm_kwargs["model"])
+    assert ck.parent == tmp_path / "checkpoints" and ck.name.startswith("llama_") and "load_format" not in s.llm_kwargs
+    assert s.checkpoint.folder == str(ck) and s.checkpoint.shape == SHAPE and s.checkpoint.max_position == 513
+    real = spec("inf2", load_format="auto", model="/ckpt/llama")
+    assert real.checkpoint is None and real.llm_kwargs["model"] == "/ckpt/llama"
 
-    legacy = spec("inf2", neuron_integration="legacy", ctx=(128, 512))
-    assert legacy.llm_kwargs["override_neuron_config"]["context_encoding_buckets"] == [128, 512]
-    assert "additional_config" not in legacy.llm_kwargs
-    assert "NEURON_COMPILED_ARTIFACTS" not in legacy.env  # no root given: nothing kept
-    with pytest.raises(UserError, match="neuron_integration"):
-        spec("inf2", neuron_integration="other")
+
+def test_neuron_random_weights_take_no_model_and_legacy_is_gone():
+    with pytest.raises(UserError, match="leave \\[target.options\\] model out, or set load_format = \"auto\""):
+        get_runner(target("inf2", model="/models/llama"))
+    # the in-tree Neuron support passed override_neuron_config as an engine argument; EngineArgs rejects it now
+    with pytest.raises(UserError, match="unknown option 'neuron_integration'"):
+        get_runner(target("inf2", neuron_integration="legacy"))
 
 
 # -- options and units ------------------------------------------------------------------------------
@@ -202,7 +251,7 @@ def test_fingerprint_changes_with_versions_and_options(fake_sdk):
 
 def test_versions_include_the_platform_stack(fake_sdk):
     v = get_runner(target("tpu-v5e")).versions()
-    assert v["vllm"] == "0.0.test" and v["platform_seen"] == "tpu"
+    assert v["vllm"] == "0.11.test" and v["platform_seen"] == "tpu"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
@@ -274,7 +323,7 @@ def test_deploy_snippet_eager_tpu_and_neuron():
         Candidate(1, 4, (128,), (128,)))["vllm_serve.sh"])
     assert "--enforce-eager" in flags and "--compilation-config" not in flags
 
-    script = get_runner(target("tpu-v6e")).deploy_snippets(Candidate(4, 8, (256, 512), (256, 512)))["vllm_serve.sh"]
+    script = get_runner(target("tpu-v6e")).deploy_snippets(Candidate(4, 1, (256, 512), (256, 512)))["vllm_serve.sh"]
     assert "export VLLM_TPU_BUCKET_PADDING_GAP=0" in script.splitlines()
     _, flags = serve_flags(script)
     assert flags["--max-num-batched-tokens"] == "512"
@@ -285,8 +334,7 @@ def test_deploy_snippet_eager_tpu_and_neuron():
     nc = json.loads(flags["--additional-config"])["override_neuron_config"]
     assert nc["context_encoding_buckets"] == [128, 512] and nc["token_generation_buckets"] == [128, 256, 512]
     assert flags["--num-gpu-blocks-override"] == "4"
-    _, flags = serve_flags(get_runner(target("inf2", neuron_integration="legacy")).deploy_snippets(cand)["vllm_serve.sh"])
-    assert json.loads(flags["--override-neuron-config"])["enable_bucketing"] is True
+    assert "--override-neuron-config" not in flags and "random weights" in script
 
 
 # -- timing bookkeeping (the step loop) ---------------------------------------------------------
@@ -300,9 +348,9 @@ def request_output(rid, n, finished, first_token_time=None):
 
 def test_observe_request_output():
     ob = vr.observe_request_output(request_output("a", 3, False, 12.5))
-    assert ob == StepObservation("a", 3, False, 12.5)
+    assert ob == StepObservation("a", 3, False)
     ob = vr.observe_request_output(SimpleNamespace(request_id="b", outputs=[], finished=False, metrics=None))
-    assert ob.n_tokens == 0 and ob.first_token_wall is None
+    assert ob.n_tokens == 0
 
 
 class ScriptedEngine:
@@ -328,47 +376,48 @@ def test_step_loop_times_from_the_host_clock():
         (101.2, [request_output("a", 2, True), request_output("b", 2, False)]),
         (101.4, [request_output("b", 3, True)]),
     ])
-    clock = RequestClock(["a", "b"], [2, 3], t0=100.0, t0_wall=5000.0)
+    clock = RequestClock(["a", "b"], [2, 3], t0=100.0)
     drive_steps(eng.step, eng.has_unfinished, clock, vr.observe_request_output, now=lambda: eng.clock, max_steps=10)
     tb = clock.result()
-    assert tb.ttft_source == "step"
+    assert tb.ttft_source == "step" and clock.first_token_steps() == 1
     np.testing.assert_allclose(tb.ttft_s, [1.0, 1.0])
     np.testing.assert_allclose(tb.e2e_s, [1.2, 1.4])
     assert tb.wall_s == pytest.approx(1.4)
 
 
-def test_step_loop_prefers_the_engines_first_token_times():
+def test_step_loop_ignores_engine_first_token_stamps():
+    # V1 keeps no first_token_time; a stale stamp on an output must not stand in for the step clock
     eng = ScriptedEngine([
-        (101.0, [request_output("a", 1, False, 5000.7), request_output("b", 1, False, 5000.8)]),
-        (101.2, [request_output("a", 2, True, 5000.7), request_output("b", 2, True, 5000.8)]),
+        (101.0, [request_output("a", 1, False, 5000.7)]),
+        (101.3, [request_output("a", 2, True, 5000.7), request_output("b", 1, True, 5000.8)]),
     ])
-    clock = RequestClock(["a", "b"], [2, 2], t0=100.0, t0_wall=5000.0)
+    clock = RequestClock(["a", "b"], [2, 1], t0=100.0)
     drive_steps(eng.step, eng.has_unfinished, clock, vr.observe_request_output, now=lambda: eng.clock, max_steps=10)
     tb = clock.result()
-    assert tb.ttft_source == "metrics"
-    np.testing.assert_allclose(tb.ttft_s, [0.7, 0.8])
-    np.testing.assert_allclose(tb.e2e_s, [1.2, 1.2])
+    assert tb.ttft_source == "step" and clock.first_token_steps() == 2
+    np.testing.assert_allclose(tb.ttft_s, [1.0, 1.3])
+    np.testing.assert_allclose(tb.e2e_s, [1.3, 1.3])
 
 
 def test_step_loop_errors():
     # stopped early: one token short
     eng = ScriptedEngine([(101.0, [request_output("a", 1, True)])])
-    clock = RequestClock(["a"], [2], t0=100.0, t0_wall=0.0)
+    clock = RequestClock(["a"], [2], t0=100.0)
     drive_steps(eng.step, eng.has_unfinished, clock, vr.observe_request_output, now=lambda: eng.clock, max_steps=5)
     with pytest.raises(RunnerError, match="produced 1 tokens, 2 were asked for"):
         clock.result()
     # a request of another batch
     eng = ScriptedEngine([(101.0, [request_output("zz", 1, False)])])
     with pytest.raises(RunnerError, match="did not submit"):
-        drive_steps(eng.step, eng.has_unfinished, RequestClock(["a"], [1], t0=0, t0_wall=0),
+        drive_steps(eng.step, eng.has_unfinished, RequestClock(["a"], [1], t0=0),
                     vr.observe_request_output, now=lambda: eng.clock, max_steps=5)
     # never finishing
     with pytest.raises(RunnerError, match="within 3 steps"):
-        drive_steps(lambda: [], lambda: True, RequestClock(["a"], [1], t0=0, t0_wall=0),
+        drive_steps(lambda: [], lambda: True, RequestClock(["a"], [1], t0=0),
                     vr.observe_request_output, now=lambda: 1.0, max_steps=3)
     # the loop ended with a request unfinished
     with pytest.raises(RunnerError, match="unfinished"):
-        RequestClock(["a"], [1], t0=0, t0_wall=0).result()
+        RequestClock(["a"], [1], t0=0).result()
 
 
 # -- probes and workloads with a fake engine --------------------------------------------------------
@@ -407,6 +456,7 @@ class FakeEngine:
 def fake_runner(monkeypatch, fake_sdk):
     FakeEngine.started = []
     monkeypatch.setattr(vr.VllmRunner, "engine_class", FakeEngine)
+    monkeypatch.setattr(vr.VllmRunner, "one_unit_per_process", False)  # FakeEngine.started is this process's
     r = get_runner(target(shape=SMALL, warmup=1))
     yield r
     r.close()
@@ -420,7 +470,7 @@ def test_profile_runs_each_probe_as_a_full_batch(fake_runner):
     assert len(FakeEngine.started) == 1
     eng = FakeEngine.started[0]
     assert eng.spec.llm_kwargs["max_num_seqs"] == 4 and eng.spec.llm_kwargs["max_model_len"] == 257
-    assert res.compile_s == 7.0 and res.versions["vllm"] == "0.0.test" and not res.simulated
+    assert res.compile_s == 7.0 and res.versions["vllm"] == "0.11.test" and not res.simulated
     # one warm-up per bucket, then `repeats` timed runs per probe
     assert len(eng.calls) == len(buckets) + 3 * len(probes)
     for prompts, outs in eng.calls:
@@ -512,6 +562,231 @@ def test_sdk_failures_become_runner_errors(fake_runner, monkeypatch):
         fake_runner.run_workload(Candidate(1, 1, (64,), (64,)), Requests([5], [2]))
 
 
+# -- the real engine boundary against a fake vLLM that behaves like the current one ---------------
+
+#: A stand-in for the ``vllm`` package with the behaviours the runner must survive:
+#: - the V1 engine core runs in its own process unless VLLM_ENABLE_V1_MULTIPROCESSING=0, and
+#:   starts a step as soon as one request is queued (FAKE_VLLM_ALWAYS_MP=1 models an engine
+#:   that ignores the variable);
+#: - chunked prefill is always on: a step schedules running decodes first, then prompts
+#:   (whole or in part) while the token budget (max_num_batched_tokens, default 8192) lasts;
+#: - outputs carry V1 metrics, which have no first_token_time;
+#: - EngineArgs rejects arguments it does not know (override_neuron_config is one);
+#: - on the Neuron platform (FAKE_VLLM_PLATFORM=neuron) the plugin ignores load_format and
+#:   needs *.safetensors in the model folder, and its scheduler encodes one prompt per step.
+#: STEP_LOG records, per step, (request id, "prefill"/"decode", tokens, first token out).
+FAKE_VLLM_SRC = """
+import glob, os
+from types import SimpleNamespace
+
+STEP_LOG = []
+ENGINE_ARGS = {"load_format", "skip_tokenizer_init", "tensor_parallel_size", "max_num_seqs", "max_model_len",
+               "max_num_batched_tokens", "dtype", "seed", "enable_prefix_caching", "disable_log_stats",
+               "gpu_memory_utilization", "compilation_config", "enforce_eager", "quantization",
+               "additional_config", "num_gpu_blocks_override"}
+
+
+class SamplingParams:
+    def __init__(self, *, temperature=1.0, max_tokens=16, min_tokens=0, ignore_eos=False, detokenize=True):
+        self.max_tokens = max_tokens
+
+
+class _Req:
+    def __init__(self, rid, n_prompt, max_tokens):
+        self.rid, self.n_prompt, self.max_tokens, self.done_prompt, self.out = rid, n_prompt, max_tokens, 0, 0
+
+
+class InprocClient:
+    def shutdown(self):
+        pass
+
+
+class SyncMPClient(InprocClient):
+    pass
+
+
+class _Engine:
+    def __init__(self, platform, mp, budget, max_seqs):
+        self.platform, self.mp, self.budget, self.max_seqs = platform, mp, budget, max_seqs
+        self.engine_core = SyncMPClient() if mp else InprocClient()
+        self.waiting, self.running, self.pending = [], [], []
+
+    def add_request(self, rid, prompt, params):
+        idle = not (self.waiting or self.running or self.pending)
+        self.waiting.append(_Req(rid, len(prompt["prompt_token_ids"]), params.max_tokens))
+        if self.mp and idle:  # the core process picks the request up at once
+            self.pending.append(self._step())
+
+    def has_unfinished_requests(self):
+        return bool(self.waiting or self.running or self.pending)
+
+    def step(self):
+        return self.pending.pop(0) if self.pending else self._step()
+
+    def _emit(self, r, log, kind, n):
+        r.out += 1
+        log.append((r.rid, kind, n, r.out == 1))
+        done = r.out >= r.max_tokens
+        stats = SimpleNamespace(arrival_time=0.0, first_token_ts=0.0)  # V1: no first_token_time
+        return SimpleNamespace(request_id=r.rid, outputs=[SimpleNamespace(token_ids=[7] * r.out)], finished=done,
+                               metrics=stats), done
+
+    def _step(self):
+        log, outs, budget, still = [], [], self.budget, []
+        if self.platform == "neuron" and self.waiting:  # one whole prompt per step, decodes held back
+            r = self.waiting.pop(0)
+            r.done_prompt = r.n_prompt
+            o, done = self._emit(r, log, "prefill", r.n_prompt)
+            outs.append(o)
+            if not done:
+                self.running.append(r)
+            STEP_LOG.append(log)
+            return outs
+        for r in self.running:
+            o, done = self._emit(r, log, "decode", 1)
+            budget -= 1
+            outs.append(o)
+            if not done:
+                still.append(r)
+        self.running = still
+        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+            r = self.waiting[0]
+            n = min(r.n_prompt - r.done_prompt, budget)
+            r.done_prompt += n
+            budget -= n
+            if r.done_prompt < r.n_prompt:  # a chunk: no token yet, the rest next step
+                log.append((r.rid, "prefill", n, False))
+                break
+            self.waiting.pop(0)
+            o, done = self._emit(r, log, "prefill", n)
+            outs.append(o)
+            if not done:
+                self.running.append(r)
+        STEP_LOG.append(log)
+        return outs
+
+
+class LLM:
+    def __init__(self, model, **kw):
+        bad = sorted(set(kw) - ENGINE_ARGS)
+        if bad:
+            raise TypeError(f"EngineArgs.__init__() got an unexpected keyword argument {bad[0]!r}")
+        platform = os.environ.get("FAKE_VLLM_PLATFORM", "gpu")
+        if platform == "neuron" and not glob.glob(os.path.join(model, "*.safetensors")):
+            raise FileNotFoundError(f"no *.safetensors in {model}: the Neuron plugin loads the checkpoint itself")
+        mp = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0" or os.environ.get("FAKE_VLLM_ALWAYS_MP") == "1"
+        budget = 131072 if platform == "neuron" else kw.get("max_num_batched_tokens") or 8192
+        self.llm_engine = _Engine(platform, mp, budget, kw["max_num_seqs"])
+"""
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch, fake_sdk):
+    """The fake vLLM package in place of ``vllm``, the real ``_VllmEngine`` in this process."""
+    mod = types.ModuleType("vllm")
+    exec(FAKE_VLLM_SRC, mod.__dict__)
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    monkeypatch.setattr(vr.VllmRunner, "one_unit_per_process", False)  # reads mod.STEP_LOG here
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    return mod
+
+
+def prefill_steps(step_log, rids):
+    """The indices of the steps in which the first token of each of ``rids`` came out."""
+    return {i for i, log in enumerate(step_log) for rid, kind, _, first in log if first and rid in rids}
+
+
+def batches_of(step_log, batch):
+    """Request ids (lensopt-<n>) grouped by the batch they were submitted in."""
+    ids = sorted({rid for log in step_log for rid, *_ in log}, key=lambda r: int(r.split("-")[1]))
+    return [set(ids[i:i + batch]) for i in range(0, len(ids), batch)]
+
+
+def test_a_batch_is_queued_whole_before_the_first_step(fake_vllm):
+    r = get_runner(target(shape=SMALL, warmup=0))
+    try:
+        r.profile(Unit(r.target, 1, 4), plan_probes((64, 128), policy="inclusive", max_output=8, repeats=1))
+        r.run_workload(Candidate(1, 4, (64, 128), (64, 128)), Requests([10, 100, 30, 5, 60], [3, 1, 6, 2, 4]))
+    finally:
+        r.close()
+    groups = batches_of(fake_vllm.STEP_LOG, 4)
+    assert len(groups) == 4 + 2
+    for rids in groups:  # every prompt of a batch is encoded in one step, not request 0 alone
+        assert len(prefill_steps(fake_vllm.STEP_LOG, rids)) == 1, rids
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ  # set for the engine only
+
+
+def test_the_token_budget_keeps_a_large_batch_in_one_step(fake_vllm, monkeypatch):
+    # 8 prompts of up to 2048 tokens: vLLM's default budget (8192 here) would chunk them over steps
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the budget alone, apart from the queueing race
+    r = get_runner(target(shape=SMALL, warmup=0))
+    lin = [2000, 1500, 1900, 1100, 2048, 1700, 1300, 1999]
+    try:
+        r.run_workload(Candidate(1, 8, (1024, 2048), (1024, 2048, 4096)), Requests(lin, [2] * 8))
+    finally:
+        r.close()
+    assert len(prefill_steps(fake_vllm.STEP_LOG, batches_of(fake_vllm.STEP_LOG, 8)[0])) == 1
+    assert not any(kind == "prefill" and not first for log in fake_vllm.STEP_LOG for _, kind, _, first in log)
+
+
+def test_an_engine_that_steps_before_the_batch_is_queued_is_refused(fake_vllm, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_ALWAYS_MP", "1")
+    r = get_runner(target(shape=SMALL, warmup=0))
+    try:
+        with pytest.raises(RunnerError, match="4 prompts of a batch were encoded over 2 engine steps"):
+            r.run_workload(Candidate(1, 4, (64, 128), (64, 128)), Requests([10, 100, 30, 5], [3, 1, 6, 2]))
+    finally:
+        r.close()
+
+
+def test_neuron_platform_writes_a_random_checkpoint_and_prefills_one_prompt_a_step(fake_vllm, monkeypatch, tmp_path):
+    from runners import _model_dir
+
+    monkeypatch.setenv("FAKE_VLLM_PLATFORM", "neuron")
+    r = get_runner(target("inf2", shape=SMALL, warmup=0, artifacts_dir=str(tmp_path)))
+    try:
+        run = r.run_workload(Candidate(1, 2, (64, 128), (64, 128)), Requests([10, 100, 30], [3, 2, 4]))
+    finally:
+        r.close()
+    assert (run.e2e_s >= run.ttft_s).all()
+    ck = r.checkpoint_dir()
+    head = _model_dir.read_header(ck / "model.safetensors")
+    assert head["model.embed_tokens.weight"]["shape"] == [SMALL.vocab, SMALL.hidden]
+    assert head["model.layers.1.mlp.down_proj.weight"] == {
+        "dtype": "BF16", "shape": [SMALL.hidden, SMALL.intermediate],
+        "data_offsets": head["model.layers.1.mlp.down_proj.weight"]["data_offsets"]}
+    assert json.loads((ck / "config.json").read_text())["num_hidden_layers"] == SMALL.layers
+    # the plugin's scheduler: each prompt in a step of its own
+    for rids in batches_of(fake_vllm.STEP_LOG, 2):
+        assert len(prefill_steps(fake_vllm.STEP_LOG, rids)) == len(rids)
+
+
+def test_pyproject_extras_pin_the_runners_ranges():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra, platform in (("vllm", "gpu"), ("vllm-tpu", "tpu"), ("vllm-neuron", "neuron")):
+        lo, hi = vr.TESTED_VLLM[platform]
+        assert extras[extra] == [f"{'vllm-tpu' if platform == 'tpu' else 'vllm'}>={lo},<{hi}"], extra
+
+
+def test_untested_vllm_versions_are_refused_unless_allowed(fake_sdk):
+    fake_sdk["vllm"] = "0.9.2"
+    r = get_runner(target())
+    with pytest.raises(RunnerUnavailable, match="gpu platform is written against vLLM >=0.11,<0.34, and vLLM 0.9.2"):
+        r.require_sdk()
+    get_runner(target(allow_untested_vllm=True)).require_sdk()
+    fake_sdk["vllm"] = "0.33.1"
+    get_runner(target()).require_sdk()
+    with pytest.raises(RunnerUnavailable, match="neuron platform is written against vLLM >=0.11,<0.12"):
+        get_runner(target("inf2")).require_sdk()
+    fake_sdk["vllm"] = "0.11.0"
+    get_runner(target("inf2")).require_sdk()
+    del fake_sdk["vllm-neuron"]
+    with pytest.raises(RunnerUnavailable, match="needs the vLLM Neuron plugin"):
+        get_runner(target("inf2")).require_sdk()
+
+
 # -- model folders -------------------------------------------------------------------------------
 
 
@@ -568,6 +843,8 @@ def test_check_script_end_to_end_with_a_fake_engine(vllm_check, monkeypatch, tmp
 
     FakeEngine.started = []
     monkeypatch.setattr(vr.VllmRunner, "engine_class", FlatEngine)
+    monkeypatch.setattr(vr.VllmRunner, "one_unit_per_process", False)
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))  # the script checks for vLLM first
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     rc = vllm_check.main(["--units", "1x1,1x4", "--buckets", "64,128,256", "--batches", "2", "--runs", "2",
                           "--repeats", "2", "--max-output", "16", "--held-out-output", "32",
@@ -585,6 +862,17 @@ def test_check_script_end_to_end_with_a_fake_engine(vllm_check, monkeypatch, tmp
     assert max(abs(float(r["e2e_err_static"])) for r in rows) < 1e-6
     assert max(abs(float(r["ttft_err_static"])) for r in rows) < 1e-6
     assert len(FakeEngine.started) == 2 and all(e.closed for e in FakeEngine.started)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_check_script_without_vllm_says_so_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "vllm_check.py"),
+                           "--model-dir", str(tmp_path / "m")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "needs vLLM, which is not installed here" in lines[0] and "NVIDIA GPU host" in lines[0]
+    assert "check.py" in lines[0] and not (tmp_path / "m").exists()
 
 
 def test_check_script_writes_only_the_model_dir(vllm_check, tmp_path):
@@ -645,6 +933,7 @@ class TestVllmFlowConformance(RunnerConformance):
     def _fake_backend(cls):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(vr.VllmRunner, "engine_class", FakeEngine)
+            mp.setattr(vr.VllmRunner, "one_unit_per_process", False)
             mp.setattr(vr, "sdk_versions", lambda platform: dict(FAKE_VERSIONS))
             yield
 
