@@ -28,7 +28,6 @@ gives request i the prefills of requests 0..i).  E2E is the number to read.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import tempfile
@@ -39,8 +38,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, Path(__file__).resolve().parent):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 from lens.buckets import bucket_ranges, validate_buckets  # noqa: E402
 from lens.compose import UnitTable, predict  # noqa: E402
@@ -48,10 +48,23 @@ from lens.errors import UserError  # noqa: E402
 from lens.probes import plan_probes  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target  # noqa: E402
 
+from gpu_check_tables import format_table, write_csv  # noqa: E402  (beside this script)
+
 #: Llama-3.2-1B's shape (about 1.2 B parameters with its untied output layer)
 LLAMA_1B = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048)
 MODES = ("static", "ragged")
+
+
+def missing_vllm() -> str | None:
+    """One line saying what is missing and where the check runs, or None when vLLM is importable."""
+    import importlib.util
+
+    if "vllm" in sys.modules or importlib.util.find_spec("vllm") is not None:
+        return None
+    return ("needs vLLM, which is not installed here: it runs on an NVIDIA GPU host with "
+            "pip install \"lensopt[vllm]\" (see benchmarks/gpu/README.md); on a GPU host without vLLM, "
+            "benchmarks/gpu/check.py checks LENS through the jax runner instead")
 
 
 def parse_units(spec: str) -> list[tuple[int, int]]:
@@ -152,25 +165,6 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
     return out
 
 
-def format_table(table: Sequence[dict]) -> str:
-    if not table:
-        return "(no rows)"
-    cols = list(table[0])
-    cells = [[c for c in cols]] + [[f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in table]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    return "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells)
-
-
-def write_csv(path: Path, rows: Sequence[dict]) -> None:
-    if not rows:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--units", default="1x1,1x4,1x8", help="tp x batch units, comma separated (default 1x1,1x4,1x8)")
@@ -199,6 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         d = write_llama_model_dir(args.write_model_dir, LLAMA_1B, dtype=args.dtype, max_position=max(buckets) + 1)
         print(f"wrote {d / 'config.json'}")
         return 0
+    missing = missing_vllm()
+    if missing:
+        print(f"vllm_check: {missing}", file=sys.stderr)
+        return 2  # as a missing runner extra (RunnerUnavailable) exits
     units = parse_units(args.units)
     for name in ("repeats", "batches", "runs", "held_out_output"):
         if getattr(args, name) < 1:
