@@ -304,8 +304,10 @@ class VllmRunner(EngineRunner):
     def fingerprint_fields(self) -> dict[str, Any]:
         fields = super().fingerprint_fields()
         fields["platform"] = self.platform
-        # every option that shapes the engine goes in; where artifacts are kept does not
-        fields["vllm_options"] = stable_hash({k: v for k, v in self.opts.items() if k != "artifacts_dir"})
+        # every option that shapes the engine goes in; where artifacts are kept does not, nor
+        # allowing an untested vLLM (the version itself is in the fingerprint)
+        fields["vllm_options"] = stable_hash({k: v for k, v in self.opts.items()
+                                              if k not in ("artifacts_dir", "allow_untested_vllm")})
         return fields
 
     def check_unit(self, unit: Unit) -> None:

@@ -1,7 +1,8 @@
 """The neuron runner (NxD Inference): NeuronConfig building, per-unit artifact folders and their
-reuse, deploy snippet, fingerprints, and the probe / workload flow and the conformance suite
-against a fake engine.  The real engine (``_NxdEngine``) runs only in the ``neuron``-marked
-tests, on an Inferentia/Trainium host with the Neuron SDK."""
+reuse, deploy snippet, fingerprints, batch and policy checks, random checkpoints, and the probe
+/ workload flow and the conformance suite against a fake engine.  The real engine boundary
+(``_NxdEngine``) runs in child processes against a fake Neuron SDK written to disk, and on the
+real SDK only in the ``neuron``-marked tests, on an Inferentia/Trainium host."""
 from __future__ import annotations
 
 import importlib.util

@@ -1,7 +1,8 @@
 """The vllm runner: engine arguments per platform, deploy snippet, fingerprints, and the
 probe / workload / timing logic and the conformance suite against a fake engine.  The real
-engine (``_VllmEngine``) runs only in the ``gpu``-marked tests, on a host with vLLM and an
-NVIDIA GPU."""
+engine boundary (``_VllmEngine``) runs against a fake ``vllm`` package that models the
+current one (queueing race, token budget, V1 outputs, the Neuron plugin), and on real vLLM
+only in the ``gpu``-marked tests, on a host with vLLM and an NVIDIA GPU."""
 from __future__ import annotations
 
 import csv
@@ -237,6 +238,7 @@ def test_fingerprint_changes_with_versions_and_options(fake_sdk):
     a = get_runner(target()).fingerprint()
     assert a == get_runner(target()).fingerprint()
     assert a == get_runner(target(artifacts_dir="/elsewhere")).fingerprint()  # where files go is not a measurement
+    assert a == get_runner(target(allow_untested_vllm=True)).fingerprint()  # the version itself is in it
     assert a != get_runner(target(cuda_graphs="off")).fingerprint()
     assert a != get_runner(target(model="/models/other")).fingerprint()
     assert a != get_runner(target(load_format="auto")).fingerprint()
