@@ -12,26 +12,33 @@ foreground), with nothing for the caller to do.  The child leaves when its paren
 it exits at the end of its socket, and a watchdog thread ends it when it is re-parented
 (a parent killed mid-compile never answers again).
 
-Protocol (``multiprocessing.connection`` messages, pickled): the parent sends
-``("start", module, qualname, spec)``, then ``("call", method, args)`` any number of
-times, then ``("close",)``; the child answers each with ``("ok", value)`` or
-``("error", exception-or-text, traceback text)``.
+Protocol: length-prefixed JSON (nothing is ever unpickled).  The parent sends
+``{"op": "start", "engine": "module:qualname", "spec": ...}``, then ``{"op": "call",
+"method": ..., "args": [...]}`` any number of times, then ``{"op": "close"}``; the child
+answers each with ``{"ok": value}`` or ``{"error": {"type", "message", "traceback"}}``.
+Values are JSON with tagged dataclasses (of the ``lens`` and ``runners`` packages only),
+tuples and numpy arrays, so specs and ``TimedBatch`` results travel as they are.
 """
 from __future__ import annotations
 
+import builtins
+import dataclasses
 import importlib
+import json
 import os
-import pickle
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
 import traceback
-from multiprocessing.connection import Connection
 from typing import Any
 
-from lens.errors import RunnerError
+import numpy as np
+
+from lens import errors as lens_errors
+from lens.errors import LensoptError, RunnerError
 
 #: attributes of a started engine the runner reads (compile and load seconds, reuse)
 ENGINE_ATTRS = ("compile_s", "load_s", "reused_artifacts", "artifacts")
@@ -39,12 +46,116 @@ ENGINE_ATTRS = ("compile_s", "load_s", "reused_artifacts", "artifacts")
 #: seconds a closing engine gets to end its process before it is killed
 CLOSE_TIMEOUT_S = 120.0
 
+#: packages whose dataclasses may be rebuilt from a message
+_TRUSTED = ("lens.", "runners.")
+
+
+# -- values as JSON ----------------------------------------------------------------------------
+
+
+def encode(v: Any) -> Any:
+    """A JSON-able form of ``v`` (tagged dataclasses, tuples, numpy arrays and scalars)."""
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        cls = type(v)
+        return {"$dc": f"{cls.__module__}:{cls.__qualname__}",
+                "v": {f.name: encode(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+    if isinstance(v, np.ndarray):
+        return {"$nd": v.tolist(), "dtype": str(v.dtype)}
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, tuple):
+        return {"$t": [encode(x) for x in v]}
+    if isinstance(v, list):
+        return [encode(x) for x in v]
+    if isinstance(v, dict):
+        if all(isinstance(k, str) and not k.startswith("$") for k in v):
+            return {k: encode(x) for k, x in v.items()}
+        return {"$m": [[encode(k), encode(x)] for k, x in v.items()]}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise TypeError(f"cannot send a {type(v).__name__} to or from an engine process")
+
+
+def _resolve(name: str) -> Any:
+    """The object ``module:qualname`` names."""
+    module, _, qualname = name.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _dataclass(name: str) -> type:
+    if not name.startswith(_TRUSTED):
+        raise ValueError(f"an engine message names {name}, outside the lens and runners packages")
+    obj = _resolve(name)
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+        raise ValueError(f"an engine message names {name}, which is not a dataclass")
+    return obj
+
+
+def decode(v: Any) -> Any:
+    """The value ``encode`` made ``v`` from."""
+    if isinstance(v, list):
+        return [decode(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    if "$dc" in v:
+        return _dataclass(v["$dc"])(**{k: decode(x) for k, x in v["v"].items()})
+    if "$nd" in v:
+        return np.asarray(v["$nd"], dtype=v["dtype"])
+    if "$t" in v:
+        return tuple(decode(x) for x in v["$t"])
+    if "$m" in v:
+        return {decode(k): decode(x) for k, x in v["$m"]}
+    return {k: decode(x) for k, x in v.items()}
+
+
+def _send(sock: socket.socket, msg: Any) -> None:
+    data = json.dumps(msg).encode()
+    sock.sendall(struct.pack("<Q", len(data)) + data)
+
+
+def _recv(sock: socket.socket) -> Any:
+    def exactly(n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise EOFError("the other end of the engine socket closed")
+            buf += chunk
+        return bytes(buf)
+
+    (n,) = struct.unpack("<Q", exactly(8))
+    return json.loads(exactly(n))
+
+
+def _error(exc: BaseException) -> dict:
+    return {"error": {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}}
+
+
+def _rebuild(err: dict) -> BaseException:
+    """The child's exception as the parent raises it: lensopt's and built-in ones by type."""
+    name, msg = err["type"], err["message"]
+    cls = getattr(lens_errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, LensoptError)):
+        cls = getattr(builtins, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            return RuntimeError(f"{name}: {msg}")
+    try:
+        return cls(msg)
+    except TypeError:  # an exception whose constructor wants more than a message
+        return RuntimeError(f"{name}: {msg}")
+
+
+# -- the parent's side -----------------------------------------------------------------------------
+
 
 class EngineProcess:
     """``engine_class(spec)`` constructed and driven in a child interpreter (see the module docstring)."""
 
     def __init__(self, engine_class: type, spec: Any):
-        self.engine_name = f"{engine_class.__module__}.{engine_class.__qualname__}"
+        self.engine_name = f"{engine_class.__module__}:{engine_class.__qualname__}"
         parent, child = socket.socketpair()
         env = dict(os.environ)
         # the child imports what the parent imports (the project, and in tests their fakes)
@@ -57,9 +168,9 @@ class EngineProcess:
         finally:
             child.close()
         self.pid = self.proc.pid
-        self._conn: Connection | None = Connection(parent.detach())
+        self._sock: socket.socket | None = parent
         try:
-            info = self._ask(("start", engine_class.__module__, engine_class.__qualname__, spec))
+            info = self._ask({"op": "start", "engine": self.engine_name, "spec": encode(spec)})
         except BaseException:
             self._drop()  # the child leaves after a failed start: collect it
             raise
@@ -67,12 +178,12 @@ class EngineProcess:
             if k in info:
                 setattr(self, k, info[k])
 
-    def _ask(self, msg: tuple) -> Any:
-        if self._conn is None:
+    def _ask(self, msg: dict) -> Any:
+        if self._sock is None:
             raise RunnerError(f"the engine process {self.pid} ({self.engine_name}) is closed")
         try:
-            self._conn.send(msg)
-            kind, *rest = self._conn.recv()
+            _send(self._sock, msg)
+            reply = _recv(self._sock)
         except (EOFError, OSError) as exc:
             rc = self.proc.poll()
             self._drop()
@@ -80,29 +191,28 @@ class EngineProcess:
                 f"the engine process {self.pid} ({self.engine_name}) ended without answering "
                 f"(exit code {rc}): {type(exc).__name__}"
             ) from exc
-        if kind == "ok":
-            return rest[0]
-        err, tb = rest
-        if isinstance(err, BaseException):
-            err.add_note(f"in the engine process {self.pid}:\n{tb}")
-            raise err
-        raise RuntimeError(f"{err} (in the engine process {self.pid})")
+        if "ok" in reply:
+            return decode(reply["ok"])
+        exc = _rebuild(reply["error"])
+        exc.add_note(f"in the engine process {self.pid}:\n{reply['error']['traceback']}")
+        raise exc
 
     def generate_timed(self, prompts, output_lens):
-        return self._ask(("call", "generate_timed", ([list(map(int, p)) for p in prompts], [int(n) for n in output_lens])))
+        return self._ask({"op": "call", "method": "generate_timed",
+                          "args": [[[int(x) for x in p] for p in prompts], [int(n) for n in output_lens]]})
 
     def close(self) -> None:
-        if self._conn is None:
+        if self._sock is None:
             return
         try:
-            self._ask(("close",))
+            self._ask({"op": "close"})
         finally:
             self._drop()
 
     def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()  # the child sees the end of its socket and leaves
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()  # the child sees the end of its socket and leaves
         try:
             self.proc.wait(timeout=CLOSE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -127,51 +237,36 @@ def _leave_with_parent(parent_pid: int, period_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="lensopt-parent-watch", daemon=True).start()
 
 
-def _error(exc: BaseException) -> tuple:
-    tb = traceback.format_exc()
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return ("error", exc, tb)
-    except Exception:  # an SDK exception that does not travel: send its text
-        return ("error", f"{type(exc).__name__}: {exc}", tb)
-
-
 def serve(fd: int) -> int:
     """Run one engine for the parent at the other end of socket ``fd``."""
     _leave_with_parent(os.getppid())
-    conn = Connection(fd)
+    sock = socket.socket(fileno=fd)
     engine = None
     while True:
         try:
-            msg = conn.recv()
+            msg = _recv(sock)
         except EOFError:
             break
-        kind = msg[0]
+        op = msg.get("op")
         try:
-            if kind == "start":
-                _, module, qualname, spec = msg
-                cls: Any = importlib.import_module(module)
-                for part in qualname.split("."):
-                    cls = getattr(cls, part)
-                engine = cls(spec)
+            if op == "start":
+                engine = _resolve(msg["engine"])(decode(msg["spec"]))
                 reply = {k: getattr(engine, k) for k in ENGINE_ATTRS if hasattr(engine, k)}
-                reply["pid"] = os.getpid()
-                conn.send(("ok", reply))
-            elif kind == "call":
-                _, method, args = msg
-                conn.send(("ok", getattr(engine, method)(*args)))
-            elif kind == "close":
+                _send(sock, {"ok": encode(reply)})
+            elif op == "call":
+                _send(sock, {"ok": encode(getattr(engine, msg["method"])(*decode(msg["args"])))})
+            elif op == "close":
                 if engine is not None:
                     engine.close()
-                conn.send(("ok", None))
+                _send(sock, {"ok": None})
                 break
             else:
-                conn.send(("error", f"unknown message {kind!r}", ""))
+                raise ValueError(f"unknown engine message {op!r}")
         except Exception as exc:  # every failure goes back to the parent, which raises it
-            conn.send(_error(exc))
-            if kind == "start":
+            _send(sock, _error(exc))
+            if op == "start":
                 break
-    conn.close()
+    sock.close()
     return 0
 
 

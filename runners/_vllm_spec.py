@@ -21,8 +21,12 @@ TPU_MIN_SEQS = 8
 
 #: the bucket policy each platform's padding follows (gpu: none, buckets only shape LENS)
 PLATFORM_POLICY = {"neuron": "exclusive", "tpu": "inclusive"}
+POLICY_WHY = {
+    "neuron": "NxD Inference runs a length l in the smallest bucket b with l < b",
+    "tpu": "a step's token count is padded to the smallest ladder point >= it",
+}
 
-#: what each platform's scheduler does with a batch's prompts (see the module docstring)
+#: what each platform's scheduler does with a batch's prompts (``runners.vllm_runner``'s docstring)
 PLATFORM_PREFILL = {"gpu": "batched", "tpu": "batched", "neuron": "sequential"}
 
 _GPU_NAMES = ("gpu", "cuda", "nvidia", "h100", "h200", "h20", "gh200", "a100", "a10", "a30", "a40", "l4", "l40",

@@ -92,6 +92,7 @@ from ._vllm_spec import (
     PLATFORM_POLICY,
     PLATFORM_PREFILL,
     PLATFORMS,
+    POLICY_WHY,
     RandomCheckpoint,
     VllmEngineSpec,
     build_engine_spec,
@@ -286,7 +287,7 @@ class VllmRunner(EngineRunner):
         if want and target.bucket_policy != want:
             raise UserError(
                 f"vllm runner: target.bucket_policy = {target.bucket_policy!r}, but vLLM on the {self.platform} platform "
-                f"selects buckets by the {want} policy ({_POLICY_WHY[self.platform]}): set bucket_policy = \"{want}\""
+                f"selects buckets by the {want} policy ({POLICY_WHY[self.platform]}): set bucket_policy = \"{want}\""
             )
         check_model_option(target, self.platform, self.opts)
         self.prefill = PLATFORM_PREFILL[self.platform]
@@ -344,12 +345,6 @@ class VllmRunner(EngineRunner):
         files["vllm_serve.sh"] = serve_script(spec, target=self.target, candidate=candidate,
                                               load_format=self.opts["load_format"])
         return files
-
-
-_POLICY_WHY = {
-    "neuron": "NxD Inference runs a length l in the smallest bucket b with l < b",
-    "tpu": "a step's token count is padded to the smallest ladder point >= it",
-}
 
 
 __all__ = [

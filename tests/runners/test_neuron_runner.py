@@ -479,6 +479,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def test_engine_messages_are_json_and_rebuild_only_the_projects_dataclasses():
+    from runners import _engine_host as host
+    from runners._llm_common import TimedBatch
+
+    spec = nr.NeuronUnitSpec(key="k", tp=2, batch=4, family="llama", neuron_config={"seq_len": 128, "b": [1, 2]},
+                             checkpoint="/c", random_weights=True, shape=SMALL, dtype="bfloat16", seed=0,
+                             artifacts="/a", versions={"x": "1"})
+    tb = TimedBatch(np.array([0.5, float("nan")]), np.array([1.0, 2.0]), 2.0, "step")
+    msg = json.loads(json.dumps(host.encode({"spec": spec, "tb": tb, "t": (1, "a"), "m": {3: (4,)}})))
+    back = host.decode(msg)
+    assert vars(back["spec"]) == vars(spec) and back["t"] == (1, "a") and back["m"] == {3: (4,)}
+    np.testing.assert_array_equal(back["tb"].ttft_s, tb.ttft_s)
+    assert back["tb"].ttft_source == "step" and back["tb"].wall_s == 2.0
+    with pytest.raises(ValueError, match="outside the lens and runners packages"):
+        host.decode({"$dc": "subprocess:Popen", "v": {}})
+    assert isinstance(host._rebuild({"type": "UserError", "message": "m"}), UserError)
+    assert isinstance(host._rebuild({"type": "FileNotFoundError", "message": "m"}), FileNotFoundError)
+    assert str(host._rebuild({"type": "SdkError", "message": "m"})) == "SdkError: m"
+
+
 def test_each_unit_runs_in_a_process_of_its_own_that_frees_its_cores(fake_neuron_sdk, tmp_path):
     assert nr.NeuronRunner.one_unit_per_process is True
     r = get_runner(target(shape=SMALL, random_weights=True, artifacts_dir=str(tmp_path / "art"), warmup=0))
