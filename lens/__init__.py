@@ -7,6 +7,7 @@ modules hold the rest (``lens.buckets``, ``lens.distributions``, ``lens.amali``,
 from __future__ import annotations
 
 from .buckets import auto_buckets
+from .capacity import RateSearch, max_sustainable_rate
 from .compose import Prediction, UnitTable, predict
 from .errors import (
     CacheError,
@@ -21,6 +22,8 @@ from .errors import (
 )
 from .metrics import summarize, summarize_prediction
 from .probes import NoisyMeasurement, plan_probes, solve
+from .serving import Scheduler, ServingPrediction, predict_serving
+from .serving_metrics import RequestSLO, summarize_serving, summarize_serving_prediction
 from .types import (
     BucketProfile,
     Candidate,
@@ -42,6 +45,9 @@ __all__ = [
     # measuring and predicting
     "auto_buckets", "plan_probes", "solve", "UnitTable", "Prediction", "predict", "summarize",
     "summarize_prediction",
+    # serving with arrivals (continuous batching)
+    "Scheduler", "ServingPrediction", "predict_serving", "RequestSLO", "summarize_serving",
+    "summarize_serving_prediction", "RateSearch", "max_sustainable_rate",
     # workloads
     "load_workload", "read_trace", "fit_to",
     # errors

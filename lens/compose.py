@@ -93,7 +93,8 @@ class Prediction:
         return float(self.batch_s.sum())
 
 
-def _check_fit(req: Requests, table: UnitTable) -> None:
+def check_fit(req: Requests, table: UnitTable) -> None:
+    """``UserError`` naming the first request whose prompt or last context fits no bucket of ``table``."""
     lin, lout = req.input_len, req.output_len
     bad = np.flatnonzero((lin < 1) | (lout < 1))
     if bad.size:
@@ -124,7 +125,7 @@ def predict(table: UnitTable, requests: Requests, *, mode: str = "static") -> Pr
     n = len(requests)
     if n == 0:
         raise UserError("the workload has no requests")
-    _check_fit(requests, table)
+    check_fit(requests, table)
     B = table.batch
     nb = -(-n // B)
     pad = nb * B - n

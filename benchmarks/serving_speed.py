@@ -1,0 +1,96 @@
+"""Speed of the continuous-batching prediction (lens.serving) and of the sustainable-rate search.
+
+Profiles one unit on a simulated inf2 (every profile number is simulated; only the
+prediction's speed is measured here), then times, repeated, with median and spread
+(min..max):
+
+- predicting a 10,000-request window of the Azure conversation trace at its own arrival
+  times (goal: well under a second);
+- the same requests arriving as a Poisson process at the unit's saturation rate (the
+  heaviest case: the slots are always full, so every step boundary is an event);
+- the bisection for the largest sustainable rate on 2,000 requests.
+
+    python benchmarks/serving_speed.py [--trace PATH] [--batch 32] [--requests 10000] [--repeats 7]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lens import arrivals  # noqa: E402
+from lens.capacity import max_sustainable_rate, saturation_rate  # noqa: E402
+from lens.compose import UnitTable  # noqa: E402
+from lens.probes import plan_probes, solve  # noqa: E402
+from lens.serving import Scheduler, predict_serving  # noqa: E402
+from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
+from lens.workload import fit_to, read_trace  # noqa: E402
+from runners import get_runner  # noqa: E402
+from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
+TRACE = trace_path("azure_conv_2023.csv")
+BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192)
+LLAMA_1B = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
+
+
+def timed(fn, repeats: int) -> tuple[float, float, float]:
+    xs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        xs.append(time.perf_counter() - t0)
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def fmt(t: tuple[float, float, float]) -> str:
+    return f"median {t[0] * 1e3:8.1f} ms   (min {t[1] * 1e3:.1f} .. max {t[2] * 1e3:.1f})"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", default=str(TRACE), help="a trace with an arrival column (default: Azure conv 2023)")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args(argv)
+
+    target = Target(name="speed", runner="sim", hardware="inf2", bucket_policy="exclusive", dtype="bfloat16",
+                    model=LLAMA_1B, options=(("noise", 0.01),))
+    runner = get_runner(target)
+    res = runner.profile(Unit(target, 1, args.batch), plan_probes(BUCKETS, policy="exclusive", repeats=1))
+    profiles = solve(res.runs, batch=args.batch, simulated=res.simulated)
+    table = UnitTable.build(Candidate(1, args.batch, BUCKETS, BUCKETS), profiles, policy="exclusive")
+
+    trace = read_trace(args.trace)
+    fitted, dropped = fit_to(trace, BUCKETS[-1])
+    req = arrivals.window(fitted, args.requests, seed=0)
+    sched = Scheduler()
+    sat = saturation_rate(table, req, scheduler=sched)
+    poisson = Requests(req.input_len, req.output_len, arrivals.poisson(len(req), rate=sat, seed=0), req.name)
+    pred = predict_serving(table, req, scheduler=sched)
+    heavy = predict_serving(table, poisson, scheduler=sched)
+    small = Requests(req.input_len[:2000], req.output_len[:2000])
+    unit = arrivals.unit_gaps(len(small), seed=0)
+    search = max_sustainable_rate(table, small, unit_arrival_s=unit, scheduler=sched, slo={"ttft_p90_s": 2.0})
+
+    print(f"unit: inf2 (SIMULATED profiles), Llama-3.2-1B shape, tp 1, batch {args.batch}, buckets {list(BUCKETS)}")
+    print(f"workload: {len(req)} consecutive requests of {Path(args.trace).name} ({dropped} longer than "
+          f"{BUCKETS[-1]} dropped from the trace first); {args.repeats} repeats each")
+    print(f"  trace arrivals ({req.arrival_s[-1]:.0f} s of trace, {pred.decode_steps} decode steps): "
+          f"{fmt(timed(lambda: predict_serving(table, req, scheduler=sched), args.repeats))}")
+    print(f"  Poisson at saturation ({sat:.2f} req/s, {heavy.decode_steps} decode steps): "
+          f"{fmt(timed(lambda: predict_serving(table, poisson, scheduler=sched), args.repeats))}")
+    t = timed(lambda: max_sustainable_rate(table, small, unit_arrival_s=unit, scheduler=sched,
+                                           slo={"ttft_p90_s": 2.0}), max(3, args.repeats // 2))
+    print(f"  largest sustainable rate, {len(small)} requests, ttft_p90_s <= 2 s: {search.rate_req_s:.3f} req/s "
+          f"after {search.evaluations} predictions: {fmt(t)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

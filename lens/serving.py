@@ -1,0 +1,212 @@
+"""Continuous batching with arrivals, composed from the bucket profiles (docs/serving.md).
+
+A unit compiled for batch B is B slots. Requests arrive into a FIFO queue; each iteration
+admits waiting requests into free slots (their prompts prefilled one at a time, each
+emitting its first token), then runs one decode step of the whole batch in the
+token-generation bucket of the longest live context, at TBT_b whatever the number of live
+slots. A slot frees when its request ends; an idle device waits for the next arrival.
+
+Between two events (an admission, a completion) the live set is fixed and the longest
+context grows by one per step, so a run of k steps costs C(c + k) - C(c) with C the prefix
+sum of TBT over contexts: the loop jumps from event to event (O(n log B) for n requests)
+and never steps decode iterations one by one.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .buckets import select_index
+from .compose import UnitTable, check_fit
+from .errors import UserError
+from .types import Requests
+
+#: the two serving modes: static batches (lens.compose) or continuous batching (here)
+SERVING_MODES = ("static", "continuous")
+PRIORITIES = ("prefill", "decode")
+PREFILLS = ("sequential", "batched")
+#: slack when comparing the device clock with an arrival (the clock is a sum of floats)
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """The scheduling choices real stacks differ on; defaults are NxD Inference's under vLLM."""
+
+    max_prefills: int = field(default=0, metadata={
+        "type": int, "min": 0,
+        "help": "prompts prefilled between two decode steps (0: no cap; vLLM on Neuron: 0, JetStream: 1)"})
+    prefill_priority: str = field(default="prefill", metadata={
+        "type": str, "choices": PRIORITIES,
+        "help": "prefill: arrivals during an iteration's prefills are admitted before its decode step (vLLM V0, "
+                "vLLM on Neuron); decode: only those waiting when the iteration began (vLLM V1)"})
+    prefill: str = field(default="sequential", metadata={
+        "type": str, "choices": PREFILLS,
+        "help": "how admitted prompts are prefilled: one at a time (NxD Inference ctx_batch_size = 1)"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_prefills, bool) or not isinstance(self.max_prefills, (int, np.integer)) \
+                or self.max_prefills < 0:
+            raise UserError(f"max_prefills = {self.max_prefills!r}: give a whole number >= 0 (0: no cap)")
+        if self.prefill_priority not in PRIORITIES:
+            raise UserError(f"prefill_priority = {self.prefill_priority!r}: use one of {', '.join(PRIORITIES)}")
+        if self.prefill not in PREFILLS:
+            raise UserError(f"prefill = {self.prefill!r}: use one of {', '.join(PREFILLS)}")
+
+
+@dataclass(frozen=True, eq=False)
+class ServingPrediction:
+    """Per-request times of one continuous-batching run (seconds on the run's clock)."""
+
+    arrival_s: np.ndarray
+    admit_s: np.ndarray  # start of the request's prefill
+    first_s: np.ndarray  # its first token
+    finish_s: np.ndarray  # its last token
+    output_len: np.ndarray
+    decode_steps: int
+    busy_s: float  # device time spent prefilling and decoding
+    prefill_padding: float
+    decode_padding: float
+    mode: str = "continuous"
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        return self.first_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> np.ndarray:
+        return self.finish_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> np.ndarray:
+        return self.admit_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        steps = self.output_len - 1
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(steps > 0, (self.finish_s - self.first_s) / steps, np.nan)
+
+    @property
+    def total_s(self) -> float:
+        """The run's duration: first arrival to last completion (vLLM's benchmark duration)."""
+        return float(self.finish_s.max() - self.arrival_s.min())
+
+
+def _context_prefix(table: UnitTable, values: np.ndarray) -> np.ndarray:
+    """P[x] = sum of ``values`` (one per token-generation bucket) over contexts 1..x, x = 0..max."""
+    top = int(table.tkg_hi[-1])
+    per = np.zeros(top + 1, dtype=np.float64)
+    idx = select_index(np.arange(1, top + 1), table.tkg_buckets, table.policy)
+    per[1:] = np.where(idx >= 0, values[np.maximum(idx, 0)], 0.0)
+    return np.cumsum(per)
+
+
+def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Scheduler = Scheduler()) -> ServingPrediction:
+    """Predict ``requests`` (with arrival times) served by continuous batching on ``table``'s unit."""
+    n = len(requests)
+    if n == 0:
+        raise UserError("the workload has no requests")
+    if requests.arrival_s is None:
+        raise UserError("continuous batching needs arrival times: give an arrival rate, or a trace with an "
+                        "arrival column")
+    arr = np.asarray(requests.arrival_s, dtype=np.float64)
+    if arr.shape != (n,) or not np.isfinite(arr).all() or (arr < 0).any():
+        raise UserError("arrival times must be one finite number >= 0 per request")
+    if scheduler.prefill != "sequential":
+        raise UserError(f"prefill = {scheduler.prefill!r} is not modelled in continuous mode yet; use \"sequential\"")
+    check_fit(requests, table)
+    lin, lout = requests.input_len, requests.output_len
+    pre = table.ttft_s[select_index(lin, table.ctx_buckets, table.policy)]
+    cum = _context_prefix(table, table.tbt_s)
+    order = np.argsort(arr, kind="stable")
+    admit, first, finish, steps, busy, slot_tokens = _event_loop(
+        arr[order], lin[order], lout[order], pre[order], cum, _context_prefix(table, table.tkg_buckets.astype(float)),
+        batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
+    )
+    out = [np.empty(n) for _ in range(3)]
+    for dst, src in zip(out, (admit, first, finish)):
+        dst[order] = src
+    ci = select_index(lin, table.ctx_buckets, table.policy)
+    used_pre = float(lin.sum())
+    slots_pre = float(table.ctx_buckets[ci].sum())
+    dsteps = np.maximum(lout - 1, 0)
+    useful_dec = float((dsteps * lin + dsteps * (dsteps + 1) // 2).sum())
+    return ServingPrediction(
+        arrival_s=arr, admit_s=out[0], first_s=out[1], finish_s=out[2], output_len=lout.copy(),
+        decode_steps=steps, busy_s=busy,
+        prefill_padding=1 - used_pre / slots_pre if slots_pre else 0.0,
+        decode_padding=1 - useful_dec / slot_tokens if slot_tokens else 0.0,
+    )
+
+
+def _event_loop(arr, lin, lout, pre, cum, cum_slots, *, batch: int, cap: int, eager: bool):
+    """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
+
+    Returns per-request admission, first-token and last-token times, the number of decode
+    steps, the busy seconds and the KV positions the decode steps computed (for padding).
+    """
+    n = len(arr)
+    arr_l, lin_l, lout_l, pre_l = arr.tolist(), lin.tolist(), lout.tolist(), pre.tolist()
+    admit, first, finish = [0.0] * n, [0.0] * n, [0.0] * n
+    # a request admitted when G decode steps have run has context base + s at global step s
+    # (base = l_in - G) and takes its last step at end = G + l_out - 1
+    ends: list[tuple[int, int]] = []  # min-heap of (end step, request)
+    bases: list[tuple[int, int]] = []  # max-heap of (-base, request); lazy deletion
+    live = [False] * n
+    t, g, qi, free, nlive, done = 0.0, 0, 0, batch, 0, 0
+    busy = slot_tokens = 0.0
+    searchsorted = np.searchsorted
+    while done < n:
+        # -- admission: free slots take waiting requests (FIFO), prompts prefilled one at a time
+        if free and qi < n and arr_l[qi] <= t + _EPS:
+            horizon = t
+            k = 0
+            while free and qi < n and (cap == 0 or k < cap) and arr_l[qi] <= (t if eager else horizon) + _EPS:
+                i = qi
+                qi += 1
+                k += 1
+                admit[i] = t
+                t += pre_l[i]
+                busy += pre_l[i]
+                first[i] = t
+                if lout_l[i] == 1:  # done at its first token; its slot is free again at once
+                    finish[i] = t
+                    done += 1
+                    continue
+                free -= 1
+                nlive += 1
+                live[i] = True
+                heapq.heappush(ends, (g + lout_l[i] - 1, i))
+                heapq.heappush(bases, (g - lin_l[i], i))
+        if not nlive:
+            if qi < n and arr_l[qi] > t:
+                t = arr_l[qi]  # idle until the next arrival
+            continue
+        # -- a run of decode steps with a fixed live set, up to the next event
+        while not live[bases[0][1]]:
+            heapq.heappop(bases)
+        c = g - bases[0][0]  # longest live context after g steps (the next step has c + 1)
+        k = ends[0][0] - g  # steps until the next completion
+        if free and qi < n:  # a free slot: the next admission is an event too
+            wait = arr_l[qi] - t
+            if wait <= _EPS:
+                k = 1
+            else:
+                x = int(searchsorted(cum, cum[c] + wait, side="left"))
+                k = max(1, min(k, x - c))
+        dt = float(cum[c + k] - cum[c])
+        t += dt
+        busy += dt
+        slot_tokens += float(cum_slots[c + k] - cum_slots[c])
+        g += k
+        while ends and ends[0][0] == g:
+            _, i = heapq.heappop(ends)
+            finish[i] = t
+            live[i] = False
+            free += 1
+            nlive -= 1
+            done += 1
+    return admit, first, finish, g, busy, slot_tokens * batch

@@ -1,0 +1,129 @@
+"""Serving metrics of one run with arrivals: request throughput, goodput, queue growth.
+
+The same function summarises a prediction (``lens.serving``) and a measurement (a runner's
+continuous-mode ``WorkloadRun``): both give per-request TTFT and E2E from each request's
+arrival, and the run's duration.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .arrivals import mean_rate
+from .metrics import LATENCIES, summarize, tpot_of
+from .types import Requests
+
+#: the order in which an SLO key's statistic ranks (the highest gives a per-request threshold)
+_RANK = {"mean": 50.0, "p50": 50.0, "p90": 90.0, "p99": 99.0}
+
+
+@dataclass(frozen=True)
+class RequestSLO:
+    """Per-request latency thresholds (seconds): a request within all of them counts toward goodput.
+
+    ``None`` leaves a latency unconstrained (vLLM's ``--goodput ttft:MS tpot:MS e2el:MS``).
+    """
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+    @classmethod
+    def from_constraints(cls, slo: Mapping[str, float]) -> "RequestSLO":
+        """Thresholds from percentile constraints (``ttft_p90_s = 0.5`` ...): per latency, the
+        value of its highest-percentile key (a request within it is one the constraint allows)."""
+        best: dict[str, tuple[float, float]] = {}
+        for key, value in slo.items():
+            kind, stat = key.split("_")[0], key.split("_")[1] if key.count("_") >= 2 else ""
+            if kind in LATENCIES and stat in _RANK:
+                rank = _RANK[stat]
+                if kind not in best or rank > best[kind][0]:
+                    best[kind] = (rank, float(value))
+        return cls(**{f"{k}_s": v for k, (_, v) in best.items()})
+
+    @property
+    def empty(self) -> bool:
+        return self.ttft_s is None and self.tpot_s is None and self.e2e_s is None
+
+    def good(self, *, ttft_s: np.ndarray, tpot_s: np.ndarray, e2e_s: np.ndarray) -> np.ndarray:
+        """True for each request within every threshold (a one-token request has no TPOT to miss)."""
+        ok = np.ones(np.shape(ttft_s), dtype=bool)
+        if self.ttft_s is not None:
+            ok &= np.asarray(ttft_s) <= self.ttft_s
+        if self.tpot_s is not None:
+            t = np.asarray(tpot_s)
+            ok &= ~(t > self.tpot_s)  # NaN (one token) passes
+        if self.e2e_s is not None:
+            ok &= np.asarray(e2e_s) <= self.e2e_s
+        return ok
+
+    def label(self) -> str:
+        parts = [f"{k} <= {v * 1e3:g} ms" for k, v in (("TTFT", self.ttft_s), ("TPOT", self.tpot_s),
+                                                        ("E2E", self.e2e_s)) if v is not None]
+        return ", ".join(parts) or "none"
+
+
+def queue_growth(arrival_s: np.ndarray, ttft_s: np.ndarray) -> float:
+    """Least-squares slope of TTFT against arrival time (seconds of waiting per second of trace).
+
+    TTFT is queueing plus the prefills ahead of the request; only the queue trends, so the
+    slope is near 0 for a deployment that keeps up and near lambda/mu - 1 for one offered
+    lambda while it serves mu < lambda.
+    """
+    a = np.asarray(arrival_s, dtype=np.float64)
+    y = np.asarray(ttft_s, dtype=np.float64)
+    if a.size < 2 or float(a.max() - a.min()) <= 0:
+        return 0.0
+    a = a - a.mean()
+    return float((a * (y - y.mean())).sum() / (a * a).sum())
+
+
+def summarize_serving(
+    requests: Requests,
+    *,
+    ttft_s: np.ndarray,
+    e2e_s: np.ndarray,
+    total_s: float,
+    chips: int = 1,
+    slo: RequestSLO | None = None,
+    tpot_s: np.ndarray | None = None,
+    queue_s: np.ndarray | None = None,
+    prefill_padding: float | None = None,
+    decode_padding: float | None = None,
+) -> dict[str, Any]:
+    """``lens.metrics.summarize`` plus request throughput, goodput, the offered rate and queue growth.
+
+    ``total_s`` is the run's duration (first arrival to last completion); TTFT and E2E are
+    measured from each request's arrival.
+    """
+    tpot = tpot_of(ttft_s, e2e_s, requests.output_len) if tpot_s is None else tpot_s
+    m = summarize(requests, ttft_s=ttft_s, e2e_s=e2e_s, total_s=total_s, chips=chips, tpot_s=tpot,
+                  prefill_padding=prefill_padding, decode_padding=decode_padding)
+    n = len(requests)
+    arrival = requests.arrival_s if requests.arrival_s is not None else np.zeros(n)
+    good = (slo or RequestSLO()).good(ttft_s=ttft_s, tpot_s=tpot, e2e_s=e2e_s)
+    dur = float(total_s)
+    m["request_throughput_req_s"] = n / dur if dur > 0 else math.nan
+    m["request_goodput_req_s"] = float(good.sum()) / dur if dur > 0 else math.nan
+    m["goodput_req_s_per_chip"] = m["request_goodput_req_s"] / chips
+    m["good_fraction"] = float(good.mean())
+    m["offered_rate_req_s"] = mean_rate(arrival)
+    m["queue_growth"] = queue_growth(arrival, ttft_s)
+    if queue_s is not None:
+        q = np.asarray(queue_s, dtype=np.float64)
+        m["queue_mean_s"] = float(q.mean())
+        m["queue_p90_s"] = float(np.percentile(q, 90))
+    return m
+
+
+def summarize_serving_prediction(requests: Requests, pred, *, chips: int = 1,
+                                 slo: RequestSLO | None = None) -> dict[str, Any]:
+    """``summarize_serving`` for a ``lens.serving.ServingPrediction`` of ``requests``."""
+    return summarize_serving(
+        requests, ttft_s=pred.ttft_s, e2e_s=pred.e2e_s, total_s=pred.total_s, chips=chips, slo=slo,
+        tpot_s=pred.tpot_s, queue_s=pred.queue_s, prefill_padding=pred.prefill_padding,
+        decode_padding=pred.decode_padding,
+    )

@@ -1,0 +1,174 @@
+"""Continuous batching (lens.serving) against traces worked out by hand and a step-by-step reference."""
+import math
+
+import numpy as np
+import pytest
+
+from lens.buckets import select
+from lens.errors import UserError
+from lens.serving import Scheduler, predict_serving
+from lens.types import Requests
+
+from servingkit import TBT, TTFT, table  # tests/lens is on sys.path (pytest rootdir imports)
+
+
+def run(batch, lin, lout, arr, **sched):
+    return predict_serving(table(batch), Requests(lin, lout, np.asarray(arr, float)), scheduler=Scheduler(**sched))
+
+
+def close(a, b):
+    np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=0, atol=1e-12)
+
+
+def test_queueing_and_slot_reuse_by_hand():
+    # B = 2. t=0: r0 prefills (1.0) -> t=1; r1 arrived at 0.05, prefills -> t=2 (slots full).
+    # step 1: contexts 4, 6 -> bucket 8, 0.1 -> t=2.1; r1 (one step) ends, its slot frees.
+    # r2 (arrived 0.1) takes that slot: prefill -> t=3.1. step 2: contexts r0 5, r2 3 -> 3.2, r0 ends.
+    # steps 3, 4 (r2 contexts 4, 5) -> 3.3, 3.4: r2 ends.
+    p = run(2, [3, 5, 2], [3, 2, 4], [0.0, 0.05, 0.1])
+    close(p.admit_s, [0.0, 1.0, 2.1])
+    close(p.first_s, [1.0, 2.0, 3.1])
+    close(p.finish_s, [3.2, 2.1, 3.4])
+    close(p.ttft_s, [1.0, 1.95, 3.0])
+    close(p.queue_s, [0.0, 0.95, 2.0])
+    close(p.e2e_s, [3.2, 2.05, 3.3])
+    close(p.tpot_s, [1.1, 0.1, 0.1])
+    assert p.decode_steps == 4
+    close([p.total_s], [3.4])
+    close([p.busy_s], [3.4])
+
+
+def test_bucket_follows_the_longest_live_context():
+    # r0 (6 in, 4 out): decode contexts 7, 8, 9; r1 (1 in, 3 out): 2, 3.
+    # step 1: max 7 -> bucket 8 (0.1); step 2: max 8 -> bucket 16 (0.3), r1 ends riding in 16;
+    # step 3: r0 alone at 9 -> 0.3.
+    p = run(2, [6, 1], [4, 3], [0.0, 0.0])
+    close(p.first_s, [1.0, 2.0])
+    close(p.finish_s, [2.7, 2.4])
+    # once the long request leaves, the bucket drops back: r1 (1 in, 5 out) alone after r0 ends
+    p = run(2, [7, 1], [2, 5], [0.0, 0.0])  # step 1: max(8, 2) -> 16; steps 2-4: r1 at 3, 4, 5 -> 8
+    close(p.finish_s, [2.3, 2.6])
+
+
+def test_idle_device_waits_for_the_next_arrival():
+    p = run(1, [2, 2], [2, 1], [0.0, 10.0])
+    close(p.finish_s, [1.1, 11.0])
+    close(p.ttft_s, [1.0, 1.0])
+    close(p.e2e_s, [1.1, 1.0])
+    assert math.isnan(p.tpot_s[1])
+
+
+def test_one_slot_serves_in_arrival_order_and_reuses_the_slot():
+    # arrivals given out of order: FIFO follows arrival time, ties keep the workload's order
+    p = run(1, [2, 2, 2], [2, 2, 2], [0.5, 0.0, 0.5])
+    close(p.admit_s, [1.1, 0.0, 2.2])
+    close(p.finish_s, [2.2, 1.1, 3.3])
+
+
+def test_one_token_request_frees_its_slot_at_once():
+    # B = 1: r0 (one token) ends at its first token; r1 takes the slot in the same admission
+    p = run(1, [2, 2], [1, 3], [0.0, 0.0])
+    close(p.first_s, [1.0, 2.0])
+    close(p.finish_s, [1.0, 2.2])
+
+
+def test_max_prefills_caps_the_prompts_between_two_decode_steps():
+    # cap 1: r0 prefills, one decode step, then r1 prefills
+    p = run(2, [3, 3], [3, 3], [0.0, 0.0], max_prefills=1)
+    close(p.first_s, [1.0, 2.1])
+    close(p.finish_s, [2.2, 2.3])
+    # no cap: both prefill before the first step
+    p = run(2, [3, 3], [3, 3], [0.0, 0.0])
+    close(p.first_s, [1.0, 2.0])
+    close(p.finish_s, [2.2, 2.2])
+
+
+def test_prefill_priority_decides_arrivals_during_prefills():
+    # r1 arrives at 0.5, during r0's prefill (0 -> 1)
+    eager = run(2, [3, 3], [2, 2], [0.0, 0.5])
+    close(eager.first_s, [1.0, 2.0])
+    close(eager.finish_s, [2.1, 2.1])
+    lazy = run(2, [3, 3], [2, 2], [0.0, 0.5], prefill_priority="decode")
+    close(lazy.first_s, [1.0, 2.1])
+    close(lazy.finish_s, [1.1, 2.2])
+
+
+def test_padding_fractions():
+    # prompt 3 in bucket 8; decode: one step of a 1-slot batch at bucket 8 holds context 4
+    p = run(1, [3], [2], [0.0])
+    close([p.prefill_padding, p.decode_padding], [1 - 3 / 8, 1 - 4 / 8])
+
+
+def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive"):
+    """The machine of docs/serving.md stepped one decode iteration at a time (no jumps)."""
+    n = len(lin)
+    order = sorted(range(n), key=lambda i: (arr[i], i))
+    first, finish = [None] * n, [None] * n
+    slots = {}  # request -> decode steps done
+    t, q = 0.0, 0
+    while any(f is None for f in finish):
+        horizon, k = t, 0
+        while len(slots) < batch and q < n and (cap == 0 or k < cap) and arr[order[q]] <= (t if eager else horizon) + 1e-9:
+            i = order[q]
+            q, k = q + 1, k + 1
+            t += TTFT[select(lin[i], (8, 16), policy)]
+            first[i] = t
+            if lout[i] == 1:
+                finish[i] = t
+            else:
+                slots[i] = 0
+        if not slots:
+            if q < n and arr[order[q]] > t:
+                t = arr[order[q]]
+            continue
+        longest = max(lin[i] + s + 1 for i, s in slots.items())
+        t += TBT[select(longest, (8, 16), policy)]
+        for i in list(slots):
+            slots[i] += 1
+            if slots[i] == lout[i] - 1:
+                finish[i] = t
+                del slots[i]
+    return np.asarray(first), np.asarray(finish)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_event_jumps_match_stepping_every_iteration(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    batch = int(rng.integers(1, 5))
+    lin = rng.integers(1, 12, n)
+    lout = np.minimum(rng.integers(1, 9, n), 17 - lin)
+    arr = np.round(np.cumsum(rng.exponential(rng.choice([0.05, 0.5, 3.0]), n)) * rng.integers(0, 2, n), 2)
+    cap = int(rng.integers(0, 3))
+    eager = bool(rng.integers(0, 2))
+    p = predict_serving(table(batch), Requests(lin, lout, arr),
+                        scheduler=Scheduler(max_prefills=cap, prefill_priority="prefill" if eager else "decode"))
+    first, finish = reference(batch, lin.tolist(), lout.tolist(), arr.tolist(), cap=cap, eager=eager)
+    np.testing.assert_allclose(p.first_s, first, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(p.finish_s, finish, rtol=1e-9, atol=1e-9)
+
+
+def test_a_single_slot_with_spaced_arrivals_is_the_single_request_composition():
+    from lens.compose import predict
+
+    lin, lout = np.array([3, 9, 5]), np.array([6, 4, 2])
+    alone = predict(table(1), Requests(lin, lout))
+    p = run(1, lin, lout, [0.0, 100.0, 200.0])
+    close(p.ttft_s, alone.ttft_s)
+    close(p.e2e_s, alone.e2e_s)
+
+
+def test_refusals_are_one_line_user_errors():
+    t = table(2)
+    with pytest.raises(UserError, match="arrival"):
+        predict_serving(t, Requests([3], [2]))
+    with pytest.raises(UserError, match="arrival"):
+        predict_serving(t, Requests([3], [2], np.array([-1.0])))
+    with pytest.raises(UserError, match="request 1"):
+        predict_serving(t, Requests([3, 17], [2, 2], np.array([0.0, 1.0])))
+    with pytest.raises(UserError, match="batched"):
+        predict_serving(t, Requests([3], [2], np.array([0.0])), scheduler=Scheduler(prefill="batched"))
+    with pytest.raises(UserError, match="max_prefills"):
+        Scheduler(max_prefills=-1)
+    with pytest.raises(UserError, match="prefill_priority"):
+        Scheduler(prefill_priority="fifo")
