@@ -56,6 +56,11 @@ class Scheduler:
             raise UserError(f"prefill = {self.prefill!r}: use one of {', '.join(PREFILLS)}")
 
 
+def scheduler_of(target) -> Scheduler:
+    """The scheduling choices of ``target`` (its defaults until the target names them)."""
+    return getattr(target, "scheduler", None) or Scheduler()
+
+
 @dataclass(frozen=True, eq=False)
 class ServingPrediction:
     """Per-request times of one continuous-batching run (seconds on the run's clock)."""

@@ -190,7 +190,12 @@ class Requests:
 
 @dataclass(frozen=True, eq=False)
 class WorkloadRun:
-    """A real (or simulated) run of requests on a runner, per request and in total."""
+    """A real (or simulated) run of requests on a runner, per request and in total.
+
+    ``mode`` "static": TTFT and E2E from the start of each request's batch, ``total_s`` the
+    sum of the batches' times. "continuous": from each request's arrival, ``total_s`` the
+    run's duration (first arrival to last completion).
+    """
 
     ttft_s: np.ndarray
     e2e_s: np.ndarray
@@ -199,6 +204,7 @@ class WorkloadRun:
     run_s: float
     host: str = ""
     simulated: bool = False
+    mode: str = "static"
 
 
 def stable_hash(obj: Any, n: int = 16) -> str:

@@ -496,7 +496,8 @@ class EngineRunner(Runner):
         return ProfileResult(runs=tuple(runs), compile_s=compile_s, run_s=run_s + load_s, host=self.host(),
                              versions=versions, simulated=False)
 
-    def run_workload(self, candidate: Candidate, requests: Requests) -> WorkloadRun:
+    def run_workload(self, candidate: Candidate, requests: Requests, *, mode: str = "static") -> WorkloadRun:
+        self.check_mode(mode, requests)
         self.require_sdk()
         ctx = validate_buckets(candidate.ctx_buckets, what="ctx_buckets")
         tkg = validate_buckets(candidate.tkg_buckets, what="tkg_buckets")

@@ -6,10 +6,14 @@ A runner is constructed from a ``Target`` (no I/O in the constructor) and then:
   (runner, device kind, SDK/compiler versions, model architecture, dtype, policy);
 - ``profile(unit, probes)``: compiles the unit once for the probes' buckets and runs each
   probe (a full batch of identical requests, ``probe.repeats`` times), returning raw times;
-- ``run_workload(candidate, requests)``: runs real requests in batches of
-  ``candidate.batch`` on the candidate's bucket sets, returning per-request TTFT and E2E.
+- ``run_workload(candidate, requests, *, mode="static")``: runs real requests on the
+  candidate's bucket sets, returning per-request TTFT and E2E: in static batches of
+  ``candidate.batch`` (``mode="static"``, every runner), or served by continuous batching
+  with the requests released at their arrival times (``mode="continuous"``, the machine of
+  docs/serving.md, for runners that list it in ``modes``).
 
-Hooks with defaults: ``fingerprint_fields`` (what goes into the fingerprint), ``close``.
+Hooks with defaults: ``modes`` (the serving modes it runs), ``fingerprint_fields`` (what
+goes into the fingerprint), ``close``.
 """
 from __future__ import annotations
 
@@ -18,7 +22,11 @@ import socket
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
+from lens.errors import UserError
 from lens.types import Candidate, Probe, ProfileResult, Requests, Target, Unit, WorkloadRun, stable_hash
+
+#: every serving mode a runner may support (docs/serving.md)
+MODES = ("static", "continuous")
 
 
 class Runner(ABC):
@@ -30,6 +38,8 @@ class Runner(ABC):
     simulated: bool = False
     #: accepted ``[target.options]`` keys -> (type, default); unknown keys are an error
     options_schema: dict[str, tuple[type, Any]] = {}
+    #: serving modes this backend runs: static batches always; "continuous" when it implements it
+    modes: tuple[str, ...] = ("static",)
 
     def __init__(self, target: Target):
         self.target = target
@@ -43,10 +53,25 @@ class Runner(ABC):
         """Compile ``unit`` for the probes' buckets once, run every probe, return raw times."""
 
     @abstractmethod
-    def run_workload(self, candidate: Candidate, requests: Requests) -> WorkloadRun:
-        """Run ``requests`` in order, in static batches of ``candidate.batch``."""
+    def run_workload(self, candidate: Candidate, requests: Requests, *, mode: str = "static") -> WorkloadRun:
+        """Run ``requests``: in order in static batches of ``candidate.batch``, or (``mode="continuous"``)
+        served by continuous batching from their ``arrival_s``, TTFT and E2E counted from each arrival."""
 
     # -- hooks ----------------------------------------------------------------------------
+    def check_mode(self, mode: str, requests: Requests | None = None) -> None:
+        """``UserError`` unless this runner runs ``mode`` (and, continuous, ``requests`` carry arrivals)."""
+        if mode not in MODES:
+            raise UserError(f"serving mode {mode!r} is unknown: use one of {', '.join(MODES)}")
+        if mode == "static":  # every runner runs static batches (asking ``modes`` may start a program)
+            return
+        if mode not in self.modes:
+            raise UserError(
+                f"runner {self.name!r} ({self.target.name}) does not run {mode} mode; it runs "
+                f"{', '.join(self.modes)} (docs/serving.md says what a runner must do to serve it)"
+            )
+        if mode == "continuous" and requests is not None and requests.arrival_s is None:
+            raise UserError("continuous mode needs arrival times: give an arrival rate or a trace with arrivals")
+
     def fingerprint_fields(self) -> dict[str, Any]:
         """Everything that changes a measurement. Runners add their SDK versions."""
         t = self.target

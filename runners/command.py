@@ -34,16 +34,17 @@ import shlex
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from lens.buckets import check_policy, select_index, validate_buckets
 from lens.errors import RunnerError, UserError
+from lens.serving import scheduler_of
 from lens.types import Candidate, Probe, ProbeRun, ProfileResult, Requests, Target, Unit, WorkloadRun
 
-from .base import Runner
+from .base import MODES, Runner
 
 #: the protocol version this runner speaks; a reply must carry the same number
 PROTOCOL = 1
@@ -149,6 +150,11 @@ class CommandRunner(Runner):
     def simulated(self) -> bool:  # type: ignore[override]
         return bool(self.describe()["simulated"])
 
+    @property
+    def modes(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The serving modes the program declares in ``describe`` (static only when it names none)."""
+        return tuple(self.describe()["modes"])
+
     def versions(self) -> dict[str, str]:
         d = self.describe()
         return {"program": d["version"], "device": d["device"], "protocol": str(PROTOCOL)}
@@ -219,7 +225,8 @@ class CommandRunner(Runner):
         )
 
     # -- workload ------------------------------------------------------------------------
-    def run_workload(self, candidate: Candidate, requests: Requests) -> WorkloadRun:
+    def run_workload(self, candidate: Candidate, requests: Requests, *, mode: str = "static") -> WorkloadRun:
+        self.check_mode(mode, requests)
         self.check_unit(Unit(self.target, candidate.tp, candidate.batch))
         ctx = validate_buckets(candidate.ctx_buckets, what="ctx_buckets")
         tkg = validate_buckets(candidate.tkg_buckets, what="tkg_buckets")
@@ -254,6 +261,10 @@ class CommandRunner(Runner):
             "policy": policy,
             "requests": {"input_len": lin.tolist(), "output_len": lout.tolist()},
         }
+        if mode == "continuous":  # sent only then: a program that declares no modes never sees the keys
+            request["mode"] = mode
+            request["requests"]["arrival_s"] = [float(a) for a in requests.arrival_s]
+            request["scheduler"] = asdict(scheduler_of(self.target))
         ttft, e2e, total_s, compile_s, run_s, host = self._call("run_workload", request, lambda r: _parse_workload(r, n))
         return WorkloadRun(
             ttft_s=ttft,
@@ -263,6 +274,7 @@ class CommandRunner(Runner):
             run_s=run_s,
             host=host,
             simulated=bool(described["simulated"]),
+            mode=mode,
         )
 
     # -- the process ---------------------------------------------------------------------
@@ -446,7 +458,12 @@ def _parse_describe(reply: dict[str, Any]) -> dict[str, Any]:
     sim = reply.get("simulated")
     if not isinstance(sim, bool):
         raise _BadReply(f"simulated = {sim!r} must be true or false")
-    return {"version": _string(reply, "version"), "device": _string(reply, "device"), "simulated": sim}
+    modes = reply.get("modes", ["static"])
+    if not isinstance(modes, list) or "static" not in modes \
+            or any(not isinstance(m, str) or m not in MODES for m in modes):
+        raise _BadReply(f"modes = {modes!r} must be a list of serving modes ({', '.join(MODES)}) that holds \"static\"")
+    return {"version": _string(reply, "version"), "device": _string(reply, "device"), "simulated": sim,
+            "modes": tuple(dict.fromkeys(modes))}
 
 
 def _parse_profile(reply: dict[str, Any], probes: Sequence[Probe]) -> tuple[tuple[ProbeRun, ...], float, float, str]:

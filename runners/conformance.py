@@ -12,7 +12,8 @@ Use it by subclassing in a ``test_*.py`` file of your own (pytest must be instal
 pytest collects the subclass (its name starts with ``Test``); this base class is not
 collected. Class attributes size the work (``buckets``, ``model``, ``tp``, ``batch``,
 ``max_output``, ``repeats``) so a backend that compiles for real can keep the suite fast;
-``policies`` names the bucket policies the backend is checked under. A hardware-only
+``policies`` names the bucket policies the backend is checked under. Continuous batching
+(docs/serving.md) is checked for a runner whose ``modes`` list it, and refused otherwise. A hardware-only
 backend marks its subclass (``pytest.mark.neuron`` ...) and skips it when the hardware is
 absent. ``make_unusable_target`` (optional) gives a target the runner must construct
 without complaint but fail on first use (e.g. a program that does not exist).
@@ -209,6 +210,54 @@ class RunnerConformance:
         profiles = solve(profiled.runs, batch=self.batch, simulated=profiled.simulated)
         sources = {p.source for p in profiles.values()}
         assert sources == {"simulated" if runner.simulated else "measured"}
+
+    # -- continuous batching ---------------------------------------------------------------------
+    @pytest.fixture(scope="class")
+    @classmethod
+    def arrivals(cls) -> Requests:
+        """batch + 2 requests at once (two must wait for a slot), a one-token one, then a late one."""
+        top = cls.buckets[-1]
+        n = cls.batch + 2
+        lin = [3 + (7 * i) % (top // 2) for i in range(n)] + [5, top // 3]
+        lout = [6 + (5 * i) % 9 for i in range(n)] + [1, 4]
+        arr = [0.0] * n + [0.0, 0.05]
+        return Requests(np.asarray(lin), np.asarray(lout), np.asarray(arr))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def served(cls, runner, candidate, arrivals) -> WorkloadRun:
+        if "continuous" not in runner.modes:
+            pytest.skip(f"runner {runner.name!r} does not declare continuous mode (modes {runner.modes})")
+        return runner.run_workload(candidate, arrivals, mode="continuous")
+
+    def test_modes_declare_static_and_refuse_the_rest(self, runner, candidate, arrivals):
+        assert isinstance(runner.modes, tuple) and "static" in runner.modes
+        if "continuous" not in runner.modes:
+            with pytest.raises(UserError, match="continuous"):
+                runner.run_workload(candidate, arrivals, mode="continuous")
+        with pytest.raises(UserError, match="mode"):
+            runner.run_workload(candidate, arrivals, mode="no-such-mode")
+
+    def test_continuous_run_shapes_and_clock(self, served, arrivals, runner):
+        n = len(arrivals)
+        ttft, e2e = np.asarray(served.ttft_s, dtype=float), np.asarray(served.e2e_s, dtype=float)
+        assert served.mode == "continuous" and served.simulated == runner.simulated
+        assert ttft.shape == (n,) and e2e.shape == (n,)
+        assert np.isfinite(ttft).all() and (ttft > 0).all() and (ttft <= e2e).all()
+        one = int(np.flatnonzero(arrivals.output_len == 1)[0])
+        assert e2e[one] == pytest.approx(ttft[one])  # done at its first token
+        done = arrivals.arrival_s + e2e
+        assert served.total_s >= (done.max() - arrivals.arrival_s.min()) * (1 - 1e-6)
+
+    def test_continuous_admits_fifo_into_batch_slots(self, served, arrivals, candidate):
+        """Semantics, whatever the timings: first tokens in arrival order, and the request after the
+        first ``batch`` (all arriving at once) gets its first token only after a slot has freed."""
+        ttft, e2e = np.asarray(served.ttft_s, dtype=float), np.asarray(served.e2e_s, dtype=float)
+        order = np.argsort(arrivals.arrival_s, kind="stable")
+        first = (arrivals.arrival_s + ttft)[order]
+        assert (np.diff(first) >= -1e-9).all(), first
+        B = candidate.batch
+        assert ttft[B] >= e2e[:B].min() * (1 - 1e-9)
 
     def test_failures_are_lensopt_errors(self, runner):
         """A probe that leaves its bucket is refused before anything runs."""

@@ -30,6 +30,7 @@ import numpy as np
 
 from lens.buckets import check_policy, select, select_index, validate_buckets
 from lens.errors import RunnerError, UserError
+from lens.serving import scheduler_of
 from lens.types import Candidate, Probe, ProbeRun, ProfileResult, Requests, Target, Unit, WorkloadRun
 
 from .base import Runner
@@ -53,6 +54,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from . import jax_model as jm  # noqa: E402
+from .jax_serving import serve  # noqa: E402
 
 
 def _cpu_model() -> str:
@@ -136,6 +138,7 @@ class JaxRunner(Runner):
 
     name = "jax"
     simulated = False
+    modes = ("static", "continuous")
     #: warmup: untimed runs before timing (per distinct graph set in profile, per graph in
     #: run_workload); cache_len: KV-cache positions per row, 0 = the largest
     #: token-generation bucket seen so far (a larger bucket later rebuilds the unit's graphs)
@@ -472,8 +475,9 @@ class JaxRunner(Runner):
             versions=self.versions(), simulated=False,
         )
 
-    def run_workload(self, candidate: Candidate, requests: Requests) -> WorkloadRun:
-        """Run ``requests`` in order in static batches of ``candidate.batch``."""
+    def run_workload(self, candidate: Candidate, requests: Requests, *, mode: str = "static") -> WorkloadRun:
+        """Run ``requests`` in static batches of ``candidate.batch``, or served by continuous batching."""
+        self.check_mode(mode, requests)
         ctx = validate_buckets(candidate.ctx_buckets, what="ctx_buckets")
         tkg = validate_buckets(candidate.tkg_buckets, what="tkg_buckets")
         self.check_unit(Unit(self.target, candidate.tp, candidate.batch))
@@ -485,6 +489,8 @@ class JaxRunner(Runner):
         t0 = time.perf_counter()
         self._warm_graphs(st, ctx, tkg, warm)
         run_s = time.perf_counter() - t0
+        if mode == "continuous":
+            return self._serve(st, requests, ctx, tkg, compile_s=compile_s, run_s=run_s)
         rng = np.random.default_rng(self.target.seed)
         vocab = self.target.model.vocab
         n = len(requests)
@@ -502,6 +508,32 @@ class JaxRunner(Runner):
         return WorkloadRun(ttft_s=ttft, e2e_s=e2e, total_s=total, compile_s=compile_s, run_s=run_s,
                            host=self.host(), simulated=False)
 
+    def _serve(self, st: _UnitState, requests: Requests, ctx, tkg, *, compile_s: float, run_s: float,
+               record: bool = False, prompts: Sequence[np.ndarray] | None = None):
+        """Continuous batching (runners.jax_serving) of ``requests``, released at their arrival times."""
+        ts = self._tp_state(st.tp)
+        pol = self.target.bucket_policy
+        if prompts is None:
+            rng = np.random.default_rng(self.target.seed)
+            prompts = [rng.integers(0, self.target.model.vocab, size=int(x), dtype=np.int32) for x in requests.input_len]
+        dev = []
+        for p in prompts:  # on the device before the clock starts, like a static batch's inputs
+            padded = np.zeros((1, select(len(p), ctx, pol)), np.int32)
+            padded[0, : len(p)] = p
+            dev.append(jax.device_put(padded, ts.repl))
+        arrival = np.asarray(requests.arrival_s, np.float64)
+        arrival = arrival - arrival.min()
+        sched = scheduler_of(self.target)
+        out = serve(params=ts.params, state=st, put=lambda a: jax.device_put(a, ts.repl), prompts=dev,
+                    input_len=requests.input_len, output_len=requests.output_len, arrival_s=arrival, ctx=ctx,
+                    tkg=tkg, policy=pol, max_prefills=sched.max_prefills, eager=sched.prefill_priority == "prefill",
+                    record=record)
+        if record:
+            return out
+        return WorkloadRun(ttft_s=out.first_s - arrival, e2e_s=out.finish_s - arrival,
+                           total_s=float(out.finish_s.max()), compile_s=compile_s, run_s=run_s + out.wall_s,
+                           host=self.host(), simulated=False, mode="continuous")
+
     def generate(self, *, tp: int, batch: int, ctx_buckets: Sequence[int], tkg_buckets: Sequence[int],
                  prompts: Sequence[Sequence[int]], output_len: Sequence[int]) -> list[np.ndarray]:
         """Greedy tokens of one static batch (at most ``batch`` prompts), for checking numerics."""
@@ -515,6 +547,20 @@ class JaxRunner(Runner):
         st, _ = self._ensure(tp, batch, ctx, tkg)
         bt = self._prepare(st, [np.asarray(p, np.int32) for p in prompts], output_len, ctx, tkg)
         return self._run(st, bt, record=True)[3]
+
+    def serve_tokens(self, *, tp: int, batch: int, ctx_buckets: Sequence[int], tkg_buckets: Sequence[int],
+                     prompts: Sequence[Sequence[int]], output_len: Sequence[int], arrival_s: Sequence[float]):
+        """Continuous batching of the given prompts, recording every request's greedy tokens (for
+        checking the slot machinery: a request's tokens must not depend on its neighbours)."""
+        ctx = validate_buckets(ctx_buckets, what="ctx_buckets")
+        tkg = validate_buckets(tkg_buckets, what="tkg_buckets")
+        self.check_unit(Unit(self.target, tp, batch))
+        req = Requests(np.asarray([len(p) for p in prompts]), np.asarray(output_len), np.asarray(arrival_s, float))
+        for i in range(len(req)):
+            self._check_request(f"prompt {i}", int(req.input_len[i]), int(req.output_len[i]), ctx, tkg)
+        st, _ = self._ensure(tp, batch, ctx, tkg)
+        return self._serve(st, req, ctx, tkg, compile_s=0.0, run_s=0.0, record=True,
+                           prompts=[np.asarray(p, np.int32) for p in prompts])
 
     def close(self) -> None:
         self._units.clear()

@@ -365,7 +365,8 @@ class NeuronRunner(EngineRunner):
             seed=t.seed, artifacts=str(folder), versions=self.versions(),
         )
 
-    def run_workload(self, candidate: Candidate, requests: Requests) -> WorkloadRun:
+    def run_workload(self, candidate: Candidate, requests: Requests, *, mode: str = "static") -> WorkloadRun:
+        self.check_mode(mode, requests)
         ctx = validate_buckets(candidate.ctx_buckets, what="ctx_buckets")
         tkg = validate_buckets(candidate.tkg_buckets, what="tkg_buckets")
         self.check_unit(Unit(self.target, candidate.tp, candidate.batch))
@@ -373,7 +374,7 @@ class NeuronRunner(EngineRunner):
         check_requests(self.name, requests.input_len, requests.output_len, ctx, tkg, self.target.bucket_policy)
         check_batches(requests.input_len, requests.output_len, batch=candidate.batch,
                       seq_len=max(max(ctx), max(tkg)))
-        return super().run_workload(candidate, requests)
+        return super().run_workload(candidate, requests, mode=mode)
 
     def deploy_snippets(self, candidate: Candidate) -> dict[str, str]:
         files = super().deploy_snippets(candidate)

@@ -325,7 +325,8 @@ class SimRunner(Runner):
         )
 
     # -- workload ------------------------------------------------------------------------
-    def run_workload(self, candidate: Candidate, requests: Requests) -> WorkloadRun:
+    def run_workload(self, candidate: Candidate, requests: Requests, *, mode: str = "static") -> WorkloadRun:
+        self.check_mode(mode, requests)
         tp, B = candidate.tp, candidate.batch
         self.check_unit(Unit(self.target, tp, B))
         self._wall_delay()

@@ -19,7 +19,13 @@ encodes its prompts one request at a time, then decodes as one shape whose token
 bucket at step k is the one of the longest context among the requests still generating.
 TTFT and E2E are measured from the start of the request's batch.
 
-For tests, ``--mode`` makes it misbehave (``--fail-on`` picks the operation):
+It also serves ``"mode": "continuous"`` (docs/serving.md): ``batch`` slots, requests admitted
+from a FIFO queue at their ``arrival_s`` into free slots (prompts prefilled one at a time),
+then one decode step of every live slot in the bucket of the longest live context; TTFT
+and E2E are measured from each request's arrival.
+
+``--modes static`` makes it declare static batches only (as a program written before
+continuous mode would). For tests, ``--mode`` makes it misbehave (``--fail-on`` picks the operation):
 slow, crash, garbage, silent, protocol, error, short, nan, negative, mismatch,
 flat (every profile run takes the same time, so the longer run is not slower) and
 outlier (one repeat of every profile run is five times slower: a huge spread).
@@ -50,6 +56,7 @@ HOP_S = 5e-6  # all-reduce latency per ring hop
 HOST_GRAPH_S = 4e-4  # host time per graph call (one prefill or one decode step)
 HOST_CALL_S = 1.5e-3  # host time per generate call (one static batch)
 HOST_ROW_S = 1e-5  # host time per request still generating, per decode step
+HOST_ADMIT_S = 3e-4  # host time to admit one request into a slot (continuous mode)
 NOISE = 0.01  # sigma of the lognormal run-to-run factor
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 
@@ -176,11 +183,11 @@ def host_name():
     return "toy-npu@" + socket.gethostname()
 
 
-def op_describe(req, label):
+def op_describe(req, label, modes):
     device = "toy-npu (simulated bucketed accelerator)"
     if label:
         device += " " + label
-    return {"protocol": PROTOCOL, "version": VERSION, "device": device, "simulated": True}
+    return {"protocol": PROTOCOL, "version": VERSION, "device": device, "simulated": True, "modes": modes}
 
 
 def op_profile(req):
@@ -246,6 +253,22 @@ def op_run_workload(req):
     dec = {b: dev.decode_s(b) for b in tkg}
     digest = hashlib.sha256(json.dumps([lin, lout]).encode()).hexdigest()[:16]
     rng = _rng("workload", target.get("seed", 0), tp, batch, ctx, tkg, digest)
+    compile_s = sum(dev.compile_s("ctx", b) for b in ctx) + sum(dev.compile_s("tkg", b) for b in tkg)
+    mode = req.get("mode", "static")
+    if mode == "continuous":
+        arrival = rq.get("arrival_s")
+        if not isinstance(arrival, list) or len(arrival) != len(lin) or any(
+                isinstance(a, bool) or not isinstance(a, (int, float)) or not a >= 0 for a in arrival):
+            raise ToyError("continuous mode needs requests.arrival_s: one number >= 0 per request")
+        sched = req.get("scheduler") or {}
+        ttft, e2e, total = serve(lin, lout, arrival, batch, lambda l: pre[select(l, ctx, policy)],
+                                 lambda c, live: dec[select(c, tkg, policy)] + HOST_ROW_S * live,
+                                 rng.lognormvariate(0.0, NOISE), sched.get("max_prefills", 0),
+                                 sched.get("prefill_priority", "prefill") == "prefill")
+        return {"protocol": PROTOCOL, "ttft_s": ttft, "e2e_s": e2e, "total_s": total,
+                "compile_s": compile_s, "run_s": total, "host": host_name()}
+    if mode != "static":
+        raise ToyError("mode %r: toy-npu serves static and continuous" % (mode,))
     n = len(lin)
     ttft, e2e = [0.0] * n, [0.0] * n
     total = 0.0
@@ -266,9 +289,49 @@ def op_run_workload(req):
         for i in idx:
             e2e[i] = done_at[lout[i] - 1] if lout[i] > 1 else ttft[i]
         total += t
-    compile_s = sum(dev.compile_s("ctx", b) for b in ctx) + sum(dev.compile_s("tkg", b) for b in tkg)
     return {"protocol": PROTOCOL, "ttft_s": ttft, "e2e_s": e2e, "total_s": total,
             "compile_s": compile_s, "run_s": total, "host": host_name()}
+
+
+def serve(lin, lout, arrival, slots, prefill_s, step_s, factor, max_prefills, eager):
+    """Continuous batching, one decode step at a time: (ttft, e2e) per request and the duration.
+
+    ``prefill_s(l_in)`` is one prompt's prefill; ``step_s(longest context, live slots)`` one
+    decode step of the whole batch; ``factor`` this run's noise.
+    """
+    n = len(lin)
+    order = sorted(range(n), key=lambda i: (arrival[i], i))
+    start = min(arrival)
+    first, finish = [0.0] * n, [0.0] * n
+    live = {}  # request -> decode steps done
+    t, q, done = start, 0, 0
+    while done < n:
+        horizon, k = t, 0
+        while len(live) < slots and q < n and (max_prefills == 0 or k < max_prefills) \
+                and arrival[order[q]] <= (t if eager else horizon):
+            i = order[q]
+            q, k = q + 1, k + 1
+            t += (HOST_ADMIT_S + prefill_s(lin[i])) * factor
+            first[i] = t
+            if lout[i] == 1:
+                finish[i] = t
+                done += 1
+            else:
+                live[i] = 0
+        if not live:
+            if q < n and arrival[order[q]] > t:
+                t = arrival[order[q]]  # idle until the next request arrives
+            continue
+        longest = max(lin[i] + s + 1 for i, s in live.items())
+        t += step_s(longest, len(live)) * factor
+        for i in list(live):
+            live[i] += 1
+            if live[i] == lout[i] - 1:
+                finish[i] = t
+                del live[i]
+                done += 1
+    return ([f - a for f, a in zip(first, arrival)], [f - a for f, a in zip(finish, arrival)],
+            max(finish) - start)
 
 
 # -- misbehaviour, for tests ---------------------------------------------------------------------
@@ -321,6 +384,8 @@ def main(argv=None):
     ap.add_argument("--fail-on", choices=OPS + ("any",), default="any", help="the operation --mode applies to")
     ap.add_argument("--sleep", type=float, default=60.0, help="seconds --mode slow waits before answering")
     ap.add_argument("--label", default="", help="text appended to the device description")
+    ap.add_argument("--modes", default="static,continuous",
+                    help="serving modes to declare in describe, comma-separated (static alone: like an older program)")
     ap.add_argument("--only-batch", type=int, help="misbehave only for units/candidates of this batch size")
     ap.add_argument("--fail-times", type=int, help="misbehave only on the first N calls (needs --count-file)")
     ap.add_argument("--count-file", help="file counting the calls --mode applied to (one byte per call)")
@@ -363,7 +428,7 @@ def main(argv=None):
             raise ToyError("toy-npu speaks protocol %d, the request has %r"
                            % (PROTOCOL, req.get("protocol") if isinstance(req, dict) else None))
         if op == "describe":
-            reply = op_describe(req, args.label)
+            reply = op_describe(req, args.label, args.modes.split(","))
         elif op == "profile":
             reply = op_profile(req)
         elif op == "run_workload":

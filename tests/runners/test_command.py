@@ -422,3 +422,66 @@ def test_measure_unit_raises_before_returning_anything():
     r = toy("--mode", "short", "--fail-on", "profile")
     with pytest.raises(RunnerError, match="wrong number of runs"):
         measure_unit(r.target, tp=1, batch=2, buckets=BUCKETS, all_buckets=BUCKETS, repeats=1, max_output=8, runner=r)
+
+
+# -- continuous mode (docs/serving.md) -------------------------------------------------------
+ARRIVING = Requests(np.asarray([5, 40, 100, 7]), np.asarray([3, 8, 20, 1]), np.asarray([0.0, 0.0, 0.02, 0.5]))
+
+RECORDER = """
+import json, sys
+req = json.load(sys.stdin)
+if req["op"] == "describe":
+    reply = {"version": "rec 1", "device": "recorder", "simulated": True, "modes": json.loads(sys.argv[2])}
+else:
+    with open(sys.argv[1], "a") as fh:
+        fh.write(json.dumps(req) + "\\n")
+    n = len(req["requests"]["input_len"])
+    reply = {"ttft_s": [0.1] * n, "e2e_s": [0.2] * n, "total_s": 1.0, "compile_s": 0, "run_s": 1.0, "host": "h"}
+print(json.dumps({"protocol": 1, **reply}))
+"""
+
+
+def recorder(tmp_path, modes) -> tuple[CommandRunner, Path]:
+    prog, log = tmp_path / "recorder.py", tmp_path / "requests.jsonl"
+    prog.write_text(RECORDER)
+    return CommandRunner(target(["{python}", str(prog), str(log), json.dumps(modes)])), log
+
+
+def test_the_toy_declares_and_serves_continuous_mode():
+    r = toy()
+    assert r.modes == ("static", "continuous")
+    run = r.run_workload(cand(), ARRIVING, mode="continuous")
+    assert run.mode == "continuous" and run.simulated
+    assert (run.ttft_s <= run.e2e_s).all() and run.e2e_s[3] == run.ttft_s[3]
+    static = r.run_workload(cand(), ARRIVING)
+    assert static.mode == "static" and not np.allclose(static.ttft_s, run.ttft_s)
+
+
+def test_continuous_mode_is_refused_for_a_program_that_does_not_declare_it(tmp_path):
+    r = toy("--modes", "static")
+    assert r.modes == ("static",)
+    with pytest.raises(UserError, match=r"does not run continuous mode; it runs static") as exc:
+        r.run_workload(cand(), ARRIVING, mode="continuous")
+    assert "\n" not in str(exc.value)
+    rec, log = recorder(tmp_path, ["static"])
+    with pytest.raises(UserError, match="continuous"):
+        rec.run_workload(cand(), ARRIVING, mode="continuous")
+    assert not log.exists()  # refused before the workload was sent
+
+
+@pytest.mark.parametrize("modes", [["continuous"], ["static", "fast"], "static", [1]])
+def test_a_bad_modes_declaration_is_a_bad_reply(tmp_path, modes):
+    rec, _ = recorder(tmp_path, modes)
+    with pytest.raises(RunnerError, match="modes"):
+        rec.run_workload(cand(), REQS)
+
+
+def test_continuous_keys_are_sent_only_in_continuous_mode(tmp_path):
+    rec, log = recorder(tmp_path, ["static", "continuous"])
+    rec.run_workload(cand(), ARRIVING)
+    rec.run_workload(cand(), ARRIVING, mode="continuous")
+    static, cont = [json.loads(line) for line in log.read_text().splitlines()]
+    assert "mode" not in static and "arrival_s" not in static["requests"] and "scheduler" not in static
+    assert cont["mode"] == "continuous"
+    assert cont["requests"]["arrival_s"] == [0.0, 0.0, 0.02, 0.5]
+    assert cont["scheduler"] == {"max_prefills": 0, "prefill_priority": "prefill", "prefill": "sequential"}
