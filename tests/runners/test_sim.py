@@ -1,4 +1,8 @@
-"""The simulated NPU runner: semantics, staircase, noise, quirks, memory, compile, targets."""
+"""The simulated NPU runner: identity, options, semantics, staircase, noise, quirks, memory, compile.
+
+The machine's semantics are checked on a clean device (no noise, every effect off), where
+step costs are exact; each effect has its own on/off tests in ``test_sim_effects.py``.
+"""
 from __future__ import annotations
 
 import tomllib
@@ -9,7 +13,8 @@ import pytest
 
 from lens.errors import RunnerError, UserError
 from lens.types import Candidate, ModelShape, Probe, Requests, Target, Unit
-from runners.sim import SIM_VERSION, SimRunner, device_info, fits_memory, hardware_names
+from runners.sim import EFFECTS, SIM_VERSION, SimOptions, SimRunner, device_info, fits_memory, hardware_names
+from runners.sim.options import clean
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -19,6 +24,11 @@ LLAMA_70B = ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, intermediat
 
 def target(hardware="inf2", policy="exclusive", model=LLAMA_1B, seed=0, **options) -> Target:
     return Target("t", "sim", hardware, policy, "bfloat16", model, tuple(sorted(options.items())), seed)
+
+
+def clean_target(hardware="inf2", policy="exclusive", model=LLAMA_1B, seed=0, **options) -> Target:
+    """A target whose device has no noise and no effect, with ``options`` on top."""
+    return target(hardware, policy, model, seed, **{**clean(), **options})
 
 
 def reqs(lin, lout) -> Requests:
@@ -52,13 +62,37 @@ def test_unknown_hardware_lists_the_known_ones():
 
 
 def test_options_are_validated():
-    with pytest.raises(UserError, match="unknown option"):
+    with pytest.raises(UserError, match="unknown option 'nois'.*accepted: .*noise"):
         SimRunner(target(nois=0.1))
+    with pytest.raises(UserError, match="unknown option 'straglers'"):
+        SimRunner(target(straglers=False))
     with pytest.raises(UserError, match="must be a float"):
         SimRunner(target(noise="high"))
     with pytest.raises(UserError, match=">= 0"):
         SimRunner(target(noise=-0.1))
-    assert SimRunner(target(noise=0)).opt("noise") == 0.0  # an integer is a valid float
+    with pytest.raises(UserError, match="finite"):
+        SimRunner(target(noise=float("nan")))
+    with pytest.raises(UserError, match="'stragglers' must be true or false"):
+        SimRunner(target(stragglers=1))
+    with pytest.raises(UserError, match="'prefill' = 'eager' is not one of sequential, batched"):
+        SimRunner(target(prefill="eager"))
+    with pytest.raises(UserError, match="'straggler_factor' must be >= 1"):
+        SimRunner(target(straggler_factor=0.5))
+    with pytest.raises(UserError, match="'straggler_rate' must be <= 1"):
+        SimRunner(target(straggler_rate=2.0))
+    with pytest.raises(UserError, match="'drift_period_s' must be > 0"):
+        SimRunner(target(drift_period_s=0))
+    assert SimRunner(target(noise=0)).options.noise == 0.0  # an integer is a valid float
+    assert SimRunner(target()).options == SimOptions()
+
+
+def test_every_effect_is_a_boolean_option_on_by_default():
+    defaults = SimOptions()
+    for name in EFFECTS:
+        assert SimRunner.options_schema[name] == (bool, True)
+        assert getattr(defaults, name) is True
+    off = SimRunner(clean_target()).options
+    assert off.noise == 0.0 and not any(getattr(off, name) for name in EFFECTS)
 
 
 def test_every_output_says_simulated():
@@ -78,6 +112,9 @@ def test_fingerprint_is_stable_and_changes_with_what_changes_measurements():
     assert a != SimRunner(target("trn1")).fingerprint()
     assert a != SimRunner(target(quirk_seed=1)).fingerprint()
     assert "quirk_seed" not in str(SimRunner(target(quirk_seed=1)).fingerprint_fields())
+    assert a != SimRunner(target(stragglers=False)).fingerprint()  # another device behaviour
+    assert a != SimRunner(target(prefill="batched")).fingerprint()
+    assert a == SimRunner(target(wall_delay_s=1.0)).fingerprint()  # never enters a simulated time
 
 
 def test_check_unit():
@@ -125,11 +162,11 @@ def test_deterministic_for_a_seed():
 
 @pytest.mark.parametrize("sigma", [0.01, 0.05])
 def test_noise_spread_follows_the_option(sigma):
-    r = SimRunner(target(noise=sigma))
+    r = SimRunner(clean_target(noise=sigma))
     (run,) = r.profile(Unit(r.target, 1, 1), [Probe(1024, 600, 64, 400)]).runs
     spread = float(np.std(np.log(run.times_s)))
     assert spread == pytest.approx(sigma, rel=0.15)
-    r0 = SimRunner(target(noise=0.0))
+    r0 = SimRunner(clean_target())
     (run0,) = r0.profile(Unit(r0.target, 1, 1), [Probe(1024, 600, 64, 5)]).runs
     assert len(set(run0.times_s)) == 1
     assert run.median_s == pytest.approx(run0.times_s[0], rel=3 * sigma)
@@ -148,11 +185,11 @@ def _tbt_by_bucket(r: SimRunner, tp=2, batch=1) -> np.ndarray:
 
 
 def test_quirks_are_off_trend_seeded_and_can_be_switched_off():
-    tbt0 = _tbt_by_bucket(SimRunner(target(noise=0.0, quirk_seed=0)))
-    tbt1 = _tbt_by_bucket(SimRunner(target(noise=0.0, quirk_seed=1)))
-    plain = _tbt_by_bucket(SimRunner(target(noise=0.0, quirks=0.0)))
+    tbt0 = _tbt_by_bucket(SimRunner(clean_target(quirk_seed=0)))
+    tbt1 = _tbt_by_bucket(SimRunner(clean_target(quirk_seed=1)))
+    plain = _tbt_by_bucket(SimRunner(clean_target(quirks=0.0)))
     assert not np.allclose(tbt0, tbt1)
-    np.testing.assert_allclose(plain, _tbt_by_bucket(SimRunner(target(noise=0.0, quirks=0.0, quirk_seed=1))))
+    np.testing.assert_allclose(plain, _tbt_by_bucket(SimRunner(clean_target(quirks=0.0, quirk_seed=1))))
     assert np.all(np.diff(plain) > 0)  # without quirks decode cost grows with the KV bucket
     ratio = tbt0 / plain
     assert ratio.min() >= 0.85 - 1e-9 and ratio.max() <= 1.30 + 1e-9
@@ -162,7 +199,7 @@ def test_quirks_are_off_trend_seeded_and_can_be_switched_off():
 # -- machine semantics ---------------------------------------------------------------------
 @pytest.mark.parametrize("policy", ["exclusive", "inclusive"])
 def test_ttft_staircase(policy):
-    r = SimRunner(target(policy=policy, noise=0.0))
+    r = SimRunner(clean_target(policy=policy))
     lin = np.arange(600, 1500, 7)
     w = r.run_workload(cand(batch=1), reqs(lin, np.ones_like(lin)))
     edge = 1024  # exclusive: 1024 runs in 2048; inclusive: 1024 runs in 1024
@@ -176,7 +213,7 @@ def test_ttft_staircase(policy):
 
 
 def test_decode_bucket_follows_the_context():
-    r = SimRunner(target(noise=0.0))
+    r = SimRunner(clean_target())
     # decode contexts 1001..1100: steps 1..22 in bucket 1024, steps 23..99 in 2048 (exclusive)
     e2e = r.run_workload(cand(batch=1), reqs([1001] * 100, np.arange(1, 101))).e2e_s
     step = np.diff(e2e)
@@ -185,7 +222,7 @@ def test_decode_bucket_follows_the_context():
 
 
 def test_static_batch_semantics():
-    r = SimRunner(target(noise=0.0, row_overhead_s=0.0))
+    r = SimRunner(clean_target())
     lin = np.array([100, 300, 50, 900])
     lout = np.array([10, 1, 40, 25])
     w = r.run_workload(cand(batch=4), reqs(lin, lout))
@@ -202,7 +239,7 @@ def test_static_batch_semantics():
 
 
 def test_finished_requests_stop_setting_the_decode_bucket():
-    r = SimRunner(target(noise=0.0, row_overhead_s=0.0))
+    r = SimRunner(clean_target())
     # the 900-token prompt finishes after 4 decode steps; the 50-token one goes on in bucket 128
     w = r.run_workload(cand(batch=2), reqs([900, 50], [5, 40]))
     short = r.run_workload(cand(batch=2), reqs([50, 50], [1, 40]))
@@ -215,18 +252,8 @@ def test_finished_requests_stop_setting_the_decode_bucket():
     assert dec(w, 1) == pytest.approx(4 * step_1024 + 35 * step_128)
 
 
-def test_host_work_per_generating_request():
-    base = SimRunner(target(noise=0.0, row_overhead_s=0.0))
-    busy = SimRunner(target(noise=0.0, row_overhead_s=1e-3))
-    work = reqs([100, 100], [11, 21])  # both generate for 10 steps, then one for 10 more
-    a, b = base.run_workload(cand(batch=2), work), busy.run_workload(cand(batch=2), work)
-    np.testing.assert_allclose(b.ttft_s, a.ttft_s)
-    assert b.e2e_s[0] - a.e2e_s[0] == pytest.approx(10 * 2e-3)
-    assert b.e2e_s[1] - a.e2e_s[1] == pytest.approx(10 * 2e-3 + 10 * 1e-3)
-
-
 def test_profile_agrees_with_a_workload_of_identical_requests():
-    r = SimRunner(target(noise=0.0))
+    r = SimRunner(clean_target())
     probe = Probe(1024, 600, 100, 1)
     (run,) = r.profile(Unit(r.target, 2, 4), [probe]).runs
     w = r.run_workload(Candidate(2, 4, (1024,), (1024,)), reqs([600] * 4, [100] * 4))
@@ -235,7 +262,7 @@ def test_profile_agrees_with_a_workload_of_identical_requests():
 
 
 def test_batches_run_one_after_another():
-    r = SimRunner(target(noise=0.0))
+    r = SimRunner(clean_target())
     one = r.run_workload(cand(batch=2), reqs([100, 100], [20, 20]))
     two = r.run_workload(cand(batch=2), reqs([100] * 5, [20] * 5))
     last = r.run_workload(cand(batch=2), reqs([100], [20]))  # one real row, one padding row
@@ -263,14 +290,32 @@ def test_compile_and_run_time_are_simulated_not_slept():
     r = SimRunner(target())
     probes = [Probe(b, b // 2 + 1, 32, 3) for b in BUCKETS]
     p = r.profile(Unit(r.target, 2, 8), probes)
-    assert p.compile_s > 7 * 2 * 10  # one ctx and one tkg graph per bucket, tens of seconds each
+    assert p.compile_s > 60 + 7 * 2 * 10  # a fixed part per unit, then tens of seconds per graph
     assert p.run_s == pytest.approx(sum(sum(x.times_s) for x in p.runs))
-    # fewer buckets compile fewer graphs
-    assert r.profile(Unit(r.target, 2, 8), probes[:2]).compile_s < p.compile_s
+    # the runner keeps what it compiled: profiling the same unit again compiles nothing
+    assert r.profile(Unit(r.target, 2, 8), probes[:2]).compile_s == 0.0
+    # fewer buckets compile fewer graphs; every unit pays its fixed part
+    fresh = SimRunner(target())
+    few = fresh.profile(Unit(fresh.target, 2, 8), probes[:2]).compile_s
+    assert 60 < few < p.compile_s
     # hundreds of requests with long outputs: many simulated seconds, returned at once
     rng = np.random.default_rng(0)
     w = r.run_workload(cand(batch=1), reqs(rng.integers(1, 2000, 300), rng.integers(200, 1000, 300)))
     assert w.total_s > 600 and w.run_s == w.total_s and w.compile_s > 0
+
+
+def test_compile_time_grows_with_bucket_and_model_size():
+    def graphs_s(model, bucket_list):
+        r = SimRunner(target(model=model))
+        probes = [Probe(b, b // 2 + 1, 8, 1) for b in bucket_list]
+        return r.profile(Unit(r.target, 8, 1), probes).compile_s
+
+    one_small, one_large = graphs_s(LLAMA_1B, (256,)), graphs_s(LLAMA_1B, (8192,))
+    assert one_large > one_small  # a longer bucket is a larger graph
+    big = ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=32000)
+    assert graphs_s(big, (256,)) > 1.5 * one_small  # 7B parameters against 1.2B
+    # the fixed part: two graphs cost less than twice one
+    assert graphs_s(LLAMA_1B, (256, 8192)) < one_small + one_large
 
 
 # -- shipped paper-style targets -----------------------------------------------------------

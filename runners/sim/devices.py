@@ -1,8 +1,8 @@
 """Public figures of the simulated NPUs, and the memory-fit rule every search can use.
 
-Only spec-sheet numbers live here (each with its source);
-the behaviour the estimator must not see (efficiencies, compiler quirks, noise) lives in
-``runners.sim``. A "device" is what one unit of tensor parallelism occupies: a NeuronCore
+Only spec-sheet numbers live here (each with its source); the behaviour the estimator must
+not see (efficiencies, kernels, compiler quirks, host effects) lives in the other modules
+of ``runners.sim``. A "device" is what one unit of tensor parallelism occupies: a NeuronCore
 on AWS Neuron (NxD Inference's ``tp_degree`` counts cores), a chip on Cloud TPU.
 """
 from __future__ import annotations
