@@ -14,12 +14,15 @@ MaverIQ-style (per dataset, per unit): one TTFT constant and one TBT slope.
     encoding of the whole static batch, which the request waits for before its first
     decode step.
 
-Operator-sum (analytical, no measurement): every operator of the Llama-architecture
-    decoder is costed with a roofline at the device's *public* peak figures -- dense
-    TFLOPS, HBM bandwidth, interconnect bandwidth (``runners.sim_devices.DEVICES``, each
-    number cited there) -- and the operator times are summed (``OperatorSum``). Lengths
-    are the requests' actual, unpadded lengths: no buckets, no compiler effects, no host
-    overheads, no achieved-efficiency factors. Per layer and per tensor-parallel device:
+Operator-sum (analytical): every operator of the Llama-architecture decoder is costed
+    with a roofline at the device's *public* peak figures -- dense TFLOPS, HBM bandwidth,
+    interconnect bandwidth (``runners.sim.devices.DEVICES``, each number cited there) --
+    and the operator times are summed (``OperatorSum``). Lengths are the requests' actual,
+    unpadded lengths: no buckets, no compiler effects, no host overheads. At peak figures
+    it measures nothing; the fair form (``OperatorSum.calibrated``) fits one prefill and
+    one decode efficiency per unit by least squares on the same probe runs LENS gets
+    (times = scale x peak-figure time), then predicts from kernel shapes at the real
+    lengths. Per layer and per tensor-parallel device:
 
     ========  =====================================  =====================================
     operator  FLOPs                                  bytes moved (x dtype bytes)
@@ -50,13 +53,12 @@ Operator-sum (analytical, no measurement): every operator of the Llama-architect
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from lens.types import ModelShape, Requests
-
-#: bytes per element of the dtypes the simulated devices accept
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "float8": 1, "int8": 1}
+from runners.sim.devices import DTYPE_BYTES, device_spec
 
 
 # -- MaverIQ-style ------------------------------------------------------------------------
@@ -106,9 +108,7 @@ class Peak:
 
     @classmethod
     def for_sim_device(cls, hardware: str, dtype: str) -> "Peak":
-        """The spec-sheet figures the simulator starts from (``runners.sim_devices``), none of its hidden ones."""
-        from runners.sim_devices import device_spec
-
+        """The spec-sheet figures the simulator starts from (``runners.sim.devices``), none of its hidden ones."""
         s = device_spec(hardware)
         e = DTYPE_BYTES[dtype]
         tflops = s.peak_tflops_8bit if e == 1 else s.peak_tflops
@@ -116,12 +116,49 @@ class Peak:
 
 
 class OperatorSum:
-    """Sum of per-operator rooflines at actual lengths (see the module doc)."""
+    """Sum of per-operator rooflines at actual lengths (see the module doc).
 
-    def __init__(self, model: ModelShape, peak: Peak, *, tp: int, dtype: str):
+    ``scale`` = (prefill, decode) multipliers of the peak-figure times: 1 / achieved
+    efficiency. ``calibrated`` fits them to measured probe runs.
+    """
+
+    def __init__(self, model: ModelShape, peak: Peak, *, tp: int, dtype: str, scale: tuple[float, float] = (1.0, 1.0)):
         if tp < 1:
             raise ValueError(f"tp {tp} must be >= 1")
         self.m, self.peak, self.tp, self.e = model, peak, int(tp), DTYPE_BYTES[dtype]
+        self.dtype, self.scale = dtype, (float(scale[0]), float(scale[1]))
+
+    # -- calibration on the probe runs LENS gets --------------------------------------------
+    def probe_parts(self, input_len: int, output_len: int, *, batch: int) -> tuple[float, float]:
+        """Peak-figure seconds of one probe (``batch`` identical requests): its prefills, its decode steps."""
+        pre = batch * float(self.prefill_s([input_len])[0])
+        k = np.arange(1, output_len, dtype=float)
+        dec = float(self.decode_step_s(np.full_like(k, batch), batch * (input_len + k)).sum())
+        return pre, dec
+
+    def calibrated(self, probes: Sequence[tuple[int, int, float]], *, batch: int) -> "OperatorSum":
+        """A copy with one prefill and one decode efficiency fitted to measured probes.
+
+        ``probes``: (input length, output length, measured seconds) of full-batch runs.
+        Least squares of the relative residuals (every probe counts alike, short or long);
+        a coefficient that comes out non-positive is pinned at 0 and the other refitted.
+        """
+        parts = np.array([self.probe_parts(l_in, l_out, batch=batch) for l_in, l_out, _ in probes], float)
+        t = np.array([p[2] for p in probes], float)
+        if parts.shape[0] < 2 or not np.all(t > 0):
+            raise ValueError("calibration needs at least two probes with positive times")
+        a = parts / t[:, None]  # rows scaled so that residuals are relative
+        x, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+        if np.any(x <= 0):
+            singles = []
+            for j in (0, 1):
+                col = a[:, j]
+                xj = float(col @ np.ones_like(t) / (col @ col)) if col @ col > 0 else 0.0
+                fit = np.zeros(2)
+                fit[j] = xj
+                singles.append((float(np.sum((a @ fit - 1) ** 2)), fit))
+            x = min(singles, key=lambda s: s[0])[1]
+        return OperatorSum(self.m, self.peak, tp=self.tp, dtype=self.dtype, scale=(float(x[0]), float(x[1])))
 
     def _op(self, flops, nbytes) -> np.ndarray:
         return np.maximum(np.asarray(flops, float) / self.peak.flops_s, np.asarray(nbytes, float) * self.e / self.peak.bandwidth_Bps)
@@ -174,7 +211,7 @@ class OperatorSum:
         lin, lout = requests.input_len, requests.output_len
         n = len(requests)
         ttft, e2e, total = np.empty(n), np.empty(n), 0.0
-        pre_all = self.prefill_s(lin)
+        pre_all = self.prefill_s(lin) * self.scale[0]
         for s in range(0, n, batch):
             sl = slice(s, min(s + batch, n))
             pre = np.cumsum(pre_all[sl])
@@ -191,7 +228,7 @@ class OperatorSum:
             active = cnt[::-1].cumsum()[::-1][1:]
             lin_active = lsum[::-1].cumsum()[::-1][1:]
             k = np.arange(1, k_max + 1, dtype=float)
-            dec = np.cumsum(self.decode_step_s(active, lin_active + k * active))
+            dec = np.cumsum(self.decode_step_s(active, lin_active + k * active)) * self.scale[1]
             e2e[sl] = np.where(steps_i > 0, pre[-1] + dec[np.maximum(steps_i - 1, 0)], pre)
             total += float(pre[-1] + dec[-1])
         return ttft, e2e, total

@@ -136,3 +136,39 @@ def test_peak_comes_from_the_public_spec():
     assert p.flops_s == pytest.approx(918e12)
     assert p.bandwidth_Bps == pytest.approx(1638e9)
     assert p.link_Bps == pytest.approx(400e9)
+
+
+MODEL = ModelShape(layers=4, hidden=256, heads=4, kv_heads=2, intermediate=688, vocab=4096)
+PEAK = Peak(flops_s=50e12, bandwidth_Bps=400e9, link_Bps=100e9)
+
+
+def test_calibration_recovers_known_efficiencies_from_probes():
+    op = OperatorSum(MODEL, PEAK, tp=2, dtype="bfloat16")
+    probes = []
+    for l_in, l_out in ((64, 2), (64, 60), (300, 2), (300, 120), (900, 2), (900, 100)):
+        pre, dec = op.probe_parts(l_in, l_out, batch=4)
+        probes.append((l_in, l_out, 2.5 * pre + 4.0 * dec))  # prefill at 40% of peak, decode at 25%
+    cal = op.calibrated(probes, batch=4)
+    assert cal.scale == pytest.approx((2.5, 4.0))
+    req = Requests(np.array([100, 700]), np.array([5, 40]))
+    _, e2e_peak, _ = op.predict(req, batch=2)
+    _, e2e_cal, _ = cal.predict(req, batch=2)
+    pre = op.prefill_s(req.input_len)
+    assert e2e_cal[0] == pytest.approx(2.5 * pre.sum() + 4.0 * (e2e_peak[0] - pre.sum()))
+
+
+def test_probe_parts_are_the_schedule_of_a_full_batch():
+    op = OperatorSum(MODEL, PEAK, tp=1, dtype="bfloat16")
+    pre, dec = op.probe_parts(200, 30, batch=3)
+    _, e2e, total = op.predict(Requests(np.full(3, 200), np.full(3, 30)), batch=3)
+    assert pre + dec == pytest.approx(total) and e2e.max() == pytest.approx(total)
+    assert op.probe_parts(200, 1, batch=3)[1] == 0.0
+
+
+def test_calibration_pins_a_negative_efficiency_and_refits_the_other():
+    op = OperatorSum(MODEL, PEAK, tp=1, dtype="bfloat16")
+    probes = [(l, n, 3.0 * op.probe_parts(l, n, batch=1)[1]) for l, n in ((64, 30), (64, 90), (500, 40))]
+    cal = op.calibrated(probes, batch=1)  # the prefill share explains nothing: decode alone
+    assert cal.scale[0] >= 0 and cal.scale[1] > 0
+    with pytest.raises(ValueError):
+        op.calibrated(probes[:1], batch=1)
