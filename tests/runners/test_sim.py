@@ -351,3 +351,13 @@ def test_shipped_sim_targets(path):
         return
     if "sim" in available():
         assert load_space(path).target.hardware == tgt.hardware
+
+
+def test_the_options_listing_reads_every_declared_option(capsys):
+    from runners.sim.__main__ import main
+
+    assert main() == 0
+    text = capsys.readouterr().out
+    for name in SimRunner.options_schema:
+        assert f"  {name} " in text
+    assert text.count("effect\n") == len(EFFECTS)
