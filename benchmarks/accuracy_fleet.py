@@ -20,7 +20,7 @@ from lens.compose import UnitTable, predict
 from lens.types import Candidate, ModelShape, Requests, Target
 from lens.workload import fit_to
 from runners import get_runner
-from runners.sim import EFFECTS, fits_memory
+from runners.sim import EFFECTS, SimOptions, fits_memory
 from runners.sim.options import clean
 from search.profiler import measure_unit
 
@@ -52,11 +52,8 @@ class Variant:
     what: str
 
 
-_NOISE_ON = {"noise": 0.01}
-
-
 def _only(effect: str) -> dict:
-    return {**clean(), **(_NOISE_ON if effect == "noise" else {effect: True})}
+    return {**clean(), **({"noise": SimOptions().noise} if effect == "noise" else {effect: True})}
 
 
 def _without(effect: str) -> dict:
@@ -80,6 +77,9 @@ def variants(kinds: tuple[str, ...]) -> list[Variant]:
         if "without" in kinds:
             out.append(Variant(f"without {effect}", tuple(_without(effect).items()),
                                f"shipped device with {effect} alone switched off"))
+    if "extra" in kinds and "without" not in kinds:  # LENS with and without stragglers, always
+        out.append(Variant("without stragglers", tuple(_without("stragglers").items()),
+                           "shipped device with stragglers alone switched off"))
     if "extra" in kinds:
         out.append(Variant("batched prefill", (("prefill", "batched"),),
                            "shipped device whose stack encodes a batch's prompts in one call (LENS assumes one "

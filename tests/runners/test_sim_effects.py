@@ -195,3 +195,14 @@ def test_batched_prefill_encodes_the_batch_in_one_call():
     t_long = run(seq, [4000], [1]).ttft_s[0]
     assert t_bat > 2 * t_seq
     assert 3 * t_long < t_bat < 5 * t_long
+
+
+def test_default_sizes_are_the_ones_the_stacks_are_said_to_have():
+    """The sizes the module docstrings and docs/sim.md state, so a changed default cannot drift from them."""
+    from runners.sim import SimOptions
+
+    o = SimOptions()
+    assert 10e-6 <= o.row_overhead_s <= 30e-6  # 10-30 us per live row per step
+    assert 1e-3 <= o.launch_s <= 10e-3  # a few ms per generate call
+    assert o.straggler_rate == pytest.approx(1 / 250) and o.straggler_factor == 4.0
+    assert o.drift_amplitude == 0.05 and 5 * 60 <= o.drift_period_s <= 30 * 60  # +-5% over minutes
