@@ -63,7 +63,7 @@ def main(argv=None) -> int:
 
     space = load_space(args.space)
     target = space.target
-    buckets = space.space.buckets
+    buckets = space.search.buckets
     runner = get_runner(target)
     fp = runner.fingerprint()
     rng = np.random.default_rng(args.seed)
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
             tbl = UnitTable.build(cand, cache.get_unit(fp, tp, batch), policy=target.bucket_policy)
             pairs = held_out(rng, buckets, target.bucket_policy, args.batches * batch, probe_pairs)
             req = Requests(np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
-            pred = predict(tbl, req, mode=space.batching)
+            pred = predict(tbl, req, mode=space.target.batching)
             runner.run_workload(cand, req.head(batch))  # compile + warm the candidate's graphs
             runs = [runner.run_workload(cand, req) for _ in range(args.repeats)]
             e2e_all = np.stack([r.e2e_s for r in runs])

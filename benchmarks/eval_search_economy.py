@@ -64,10 +64,10 @@ class Exhaustive:
 def profile_all(sp: Space) -> Exhaustive:
     """Every unit of the space measured once (independent of the workload)."""
     runner = get_runner(sp.target)
-    b = sp.space.buckets
+    b = sp.search.buckets
     hw, prof, failed = 0.0, {}, {}
-    for tp in sp.space.tp:
-        for batch in sp.space.batch:
+    for tp in sp.search.tp:
+        for batch in sp.search.batch:
             try:
                 runner.check_unit(Unit(sp.target, tp, batch))
                 m = measure_unit(sp.target, tp=tp, batch=batch, buckets=b, all_buckets=b, repeats=sp.profile.repeats,
@@ -92,7 +92,7 @@ def evaluator(sp: Space, reqs, ex: Exhaustive) -> Evaluator:
 def true_front(sp: Space, ev: Evaluator) -> tuple[list[Candidate], np.ndarray, int]:
     cands, vals = [], []
     n = 0
-    for c in all_candidates(sp.space):
+    for c in all_candidates(sp.search):
         n += 1
         e = ev.evaluate(c)
         if e.infeasible or not e.metrics or not e.meets_slo(sp):
@@ -128,7 +128,7 @@ def one_search(sp: Space, *, workload: str, requests: int, seed: int, ex: Exhaus
     true_set = set(tf)
     # what the search's own units could give if every bucket set of them were evaluated
     units = {tuple(u) for u in res.info["units_measured"]} | {tuple(u) for u in res.info["units_reused"]}
-    uv = [ev.evaluate(c) for c in all_candidates(sp.space) if (c.tp, c.batch) in units]
+    uv = [ev.evaluate(c) for c in all_candidates(sp.search) if (c.tp, c.batch) in units]
     uv = np.asarray([e.values(sp) for e in uv if e.metrics and not e.infeasible and e.meets_slo(sp)])
     hv_units = hypervolume(uv[:, 0], uv[:, 1], ref_latency=ref_lat) if len(uv) else 0.0
     hw = float(res.info["profile_hardware_s"]) + float(res.info.get("confirm_hardware_s", 0.0))

@@ -51,14 +51,14 @@ def main(argv=None) -> int:
 
     sp = load_space(args.space)
     runner = get_runner(sp.target)
-    req2k, _ = fit_to(sample(args.workload, 2000, 0), sp.space.buckets[-1])
-    req10k, _ = fit_to(sample(args.workload, 10_000, 1), sp.space.buckets[-1])
+    req2k, _ = fit_to(sample(args.workload, 2000, 0), sp.search.buckets[-1])
+    req10k, _ = fit_to(sample(args.workload, 10_000, 1), sp.search.buckets[-1])
     tmp = Path(tempfile.mkdtemp())
     state = _State(sp, req2k, tmp, runner.fingerprint(), tmp / "c.sqlite", runner, lambda m: None, False)
-    for tp in sp.space.tp:
-        for b in sp.space.batch:
+    for tp in sp.search.tp:
+        for b in sp.search.batch:
             try:
-                m = measure_unit(sp.target, tp=tp, batch=b, buckets=sp.space.buckets, all_buckets=sp.space.buckets,
+                m = measure_unit(sp.target, tp=tp, batch=b, buckets=sp.search.buckets, all_buckets=sp.search.buckets,
                                  repeats=sp.profile.repeats, max_output=sp.profile.max_output, runner=runner)
             except Exception as exc:  # e.g. a unit that does not fit the device: infeasible in the search too
                 state.ev.set_failed((tp, b), str(exc))
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
             state.ev.set_measured((tp, b), m.profiles)
     sim = " (profiles from a SIMULATED device)" if runner.simulated else ""
     print(f"space {args.space}{sim}: {len(state.ev.measured)} units profiled, "
-          f"{sum(1 for _ in all_candidates(sp.space))} candidates; workload {args.workload}: "
+          f"{sum(1 for _ in all_candidates(sp.search))} candidates; workload {args.workload}: "
           f"{len(req2k)} requests in the loop, {len(req10k)} in the single prediction")
 
     loop_rates, fresh_rates = [], []
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
             state._one_trial(st)
         loop_rates.append(args.trials / (time.perf_counter() - t0))
         # every candidate predicted afresh (no memo): the cost of one LENS prediction per trial
-        cands = list(all_candidates(sp.space))
+        cands = list(all_candidates(sp.search))
         rng = np.random.default_rng(r)
         pick = [cands[i] for i in rng.choice(len(cands), size=min(300, len(cands)), replace=False)]
         state.ev._memo.clear()
@@ -92,12 +92,12 @@ def main(argv=None) -> int:
         fresh_rates.append(len(pick) / (time.perf_counter() - t0))
 
     unit = max(state.ev.measured, key=lambda u: u[1])
-    c = Candidate(unit[0], unit[1], sp.space.buckets, sp.space.buckets)
+    c = Candidate(unit[0], unit[1], sp.search.buckets, sp.search.buckets)
     pred_ms = []
     for _ in range(max(20, args.repeats * 4)):
         t0 = time.perf_counter()
         tbl = UnitTable.build(c, state.ev.measured[unit], policy=sp.target.bucket_policy)
-        p = predict(tbl, req10k, mode=sp.batching)
+        p = predict(tbl, req10k, mode=sp.target.batching)
         summarize_prediction(req10k, p, chips=c.tp)
         pred_ms.append((time.perf_counter() - t0) * 1e3)
 

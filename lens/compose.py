@@ -22,9 +22,8 @@ import numpy as np
 
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .errors import MissingProfiles, UserError
-from .types import BucketProfile, Candidate, Requests
+from .types import BATCHING, BucketProfile, Candidate, Requests
 
-MODES = ("static", "ragged")
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,8 +119,8 @@ def check_fit(req: Requests, table: UnitTable) -> None:
 
 def predict(table: UnitTable, requests: Requests, *, mode: str = "static") -> Prediction:
     """Predict every request of ``requests`` run in order, in batches of ``table.batch``."""
-    if mode not in MODES:
-        raise UserError(f"batching mode {mode!r} is unknown: use one of {', '.join(MODES)}")
+    if mode not in BATCHING:
+        raise UserError(f"batching mode {mode!r} is unknown: use one of {', '.join(BATCHING)}")
     n = len(requests)
     if n == 0:
         raise UserError("the workload has no requests")

@@ -9,6 +9,8 @@ from typing import Any, Mapping
 import numpy as np
 
 POLICIES = ("exclusive", "inclusive")
+#: how a batch decodes: one shape for the whole batch, or each request in its own buckets
+BATCHING = ("static", "ragged")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class Target:
     model: ModelShape
     options: tuple[tuple[str, Any], ...] = ()
     seed: int = 0
+    #: "static" (the batch decodes as one shape) or "ragged" (each request in its own bucket)
+    batching: str = "static"
 
     def option(self, key: str, default: Any = None) -> Any:
         for k, v in self.options:
@@ -67,6 +71,7 @@ class Target:
             "model": self.model.to_dict(),
             "options": dict(self.options),
             "seed": self.seed,
+            "batching": self.batching,
         }
 
 

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lens.errors import UserError
-from lens.types import Candidate, Requests
+from lens.types import BATCHING, Candidate, Requests
 from spaces import Space, load_space
 
 
@@ -67,7 +67,7 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", metavar="FILE|NAME", help="a trace file (CSV/JSONL) or a built-in distribution name")
     p.add_argument("--requests", type=int_arg, help="sample size from --workload (default: whole trace / 200)")
     p.add_argument("--seed", type=int_arg, default=0, help="sampling seed for --workload")
-    p.add_argument("--mode", choices=("static", "ragged"), help="batching mode (default: the space's target.batching)")
+    p.add_argument("--mode", choices=BATCHING, help="batching mode (default: the space's target.batching)")
 
 
 def space_and_unit(args) -> tuple[Space, int, int]:

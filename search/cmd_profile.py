@@ -59,8 +59,8 @@ def _profiles_line(profiles) -> list[list[str]]:
 
 def cmd_profile(args) -> int:
     space, tp, batch = space_and_unit(args)
-    buckets = int_list(args.buckets, flag="--buckets") if args.buckets else space.space.buckets
-    check_subset(buckets, space.space.buckets, space.path)
+    buckets = int_list(args.buckets, flag="--buckets") if args.buckets else space.search.buckets
+    check_subset(buckets, space.search.buckets, space.path)
     repeats = args.repeats if args.repeats is not None else space.profile.repeats
     if not 1 <= repeats <= MAX_REPEATS:
         from lens.errors import UserError
@@ -71,7 +71,7 @@ def cmd_profile(args) -> int:
     with ProfileCache.open(resolve_cache_path(args.cache)) as cache:
         out = profile_missing(
             cache=cache, runner=runner, fingerprint=fp, tp=tp, batch=batch, buckets=sorted(buckets),
-            all_buckets=space.space.buckets, repeats=repeats, max_output=space.profile.max_output,
+            all_buckets=space.search.buckets, repeats=repeats, max_output=space.profile.max_output,
             attempts=space.profile.attempts, max_spread=space.profile.max_spread, lease_s=space.profile.lease_s,
             log=lambda msg: print(msg, file=sys.stderr),
         )
@@ -147,7 +147,7 @@ def cmd_predict(args) -> int:
     requests = requests_from_args(args, batch)
     runner = get_runner(space.target)
     tbl = _load_table(args, space, cand, runner)
-    mode = args.mode or space.batching
+    mode = args.mode or space.target.batching
     pred = predict(tbl, requests, mode=mode)
     summary = summarize_prediction(requests, pred, chips=tp)
     sources = ",".join(tbl.sources)

@@ -33,7 +33,7 @@ def pinned_space(space: Space, c: Candidate) -> str:
         f"bucket_policy = {_toml_value(t.bucket_policy)}",
         f"dtype = {_toml_value(t.dtype)}",
         f"seed = {t.seed}",
-        f"batching = {_toml_value(space.batching)}",
+        f"batching = {_toml_value(space.target.batching)}",
         "",
         "[target.model]",
         *[f"{k} = {v}" for k, v in t.model.to_dict().items()],

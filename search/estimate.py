@@ -61,8 +61,8 @@ def estimate_run(
     _prepare_dir(run_dir, fresh=True)
     t0 = time.time()
     ev = Evaluator(sp, reqs)
-    ev.priors.append(_UnitCachedPrior(prior, sp.space.buckets))
-    cands = list(all_candidates(sp.space))
+    ev.priors.append(_UnitCachedPrior(prior, sp.search.buckets))
+    cands = list(all_candidates(sp.search))
     if len(cands) > MAX_CANDIDATES:
         rng = np.random.default_rng(0)
         cands = [cands[i] for i in sorted(rng.choice(len(cands), MAX_CANDIDATES, replace=False))]
@@ -107,7 +107,7 @@ def estimate_run(
         chosen = _cand_from_row(front.iloc[_knee(front, sp)])
         info["chosen"] = {"tp": chosen.tp, "batch": chosen.batch, "ctx_buckets": list(chosen.ctx_buckets),
                           "tkg_buckets": list(chosen.tkg_buckets)}
-        stair = prior.estimate(chosen.tp, chosen.batch, sp.space.buckets)
+        stair = prior.estimate(chosen.tp, chosen.batch, sp.search.buckets)
     _write_json(run_dir / "run.json", info)
     write_report(run_dir, space=sp, front=front, trials=trials, confirm=None, info=info, chosen=chosen,
                  staircase=stair, nearest=[])

@@ -93,8 +93,8 @@ class Evaluator:
         sp, m = self.space, self.space.target.model
         if m.heads % c.tp or m.kv_heads % c.tp:
             return f"tp {c.tp} does not divide heads {m.heads} and kv_heads {m.kv_heads}"
-        if not bucket_count_ok(c, sp.space):
-            return f"more than max_buckets = {sp.space.max_buckets} buckets"
+        if not bucket_count_ok(c, sp.search):
+            return f"more than max_buckets = {sp.search.max_buckets} buckets"
         hosts = sp.hosts
         if hosts.chips_per_host is not None and c.tp > hosts.chips_per_host:
             return f"tp {c.tp} exceeds chips_per_host {hosts.chips_per_host}"
@@ -129,7 +129,7 @@ class Evaluator:
             return Evaluation(c, source="", infeasible=None)
         try:
             tbl = UnitTable.build(c, prof, policy=self.space.target.bucket_policy)
-            pred = predict(tbl, self.requests, mode=self.space.batching)
+            pred = predict(tbl, self.requests, mode=self.space.target.batching)
         except LensoptError as exc:
             return Evaluation(c, infeasible=str(exc))
         metrics = summarize_prediction(self.requests, pred, chips=c.tp)

@@ -110,7 +110,7 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
                f"nothing was measured or confirmed on hardware.**\n\n")
     lines = [f"# lensopt search: {t.name}\n", sim,
              f"- target: runner `{t.runner}` on `{t.hardware}`, model {t.model.to_dict()}, dtype {t.dtype}, "
-             f"policy {t.bucket_policy}, batching {space.batching}",
+             f"policy {t.bucket_policy}, batching {space.target.batching}",
              f"- fingerprint `{info.get('fingerprint')}`; space `{info.get('space')}` (sha256 {str(info.get('space_sha256'))[:12]})",
              f"- workload: {info.get('workload')}",
              f"- objectives: maximise `{space.objectives.throughput}`, minimise `{space.objectives.latency}`; "

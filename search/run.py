@@ -204,7 +204,7 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
         except UserError as exc:
             raise UserError(f"{space.path}: workload.{exc}") from None
         desc["length_scale"] = spec.length_scale
-    max_len = space.space.buckets[-1]
+    max_len = space.search.buckets[-1]
     fitted, dropped = fit_to(req, max_len)
     if dropped:
         if not (spec and spec.drop_longer):
@@ -238,8 +238,8 @@ def _make_sampler(name: str, seed: int, n_candidates_hint: int):
 
 
 def _cands_hint(space: Space) -> int:
-    nb = 2 ** (len(space.space.buckets) - 1)
-    return len(space.space.tp) * len(space.space.batch) * (nb if space.space.tie_buckets else nb * nb)
+    nb = 2 ** (len(space.search.buckets) - 1)
+    return len(space.search.tp) * len(space.search.batch) * (nb if space.search.tie_buckets else nb * nb)
 
 
 def run(
@@ -447,7 +447,7 @@ class _State:
         return None
 
     def units(self) -> list[tuple[int, int]]:
-        return [(t, b) for t in self.sp.space.tp for b in self.sp.space.batch]
+        return [(t, b) for t in self.sp.search.tp for b in self.sp.search.batch]
 
     def setup(self, *, profile_all: bool = False) -> None:
         sp = self.sp
@@ -458,7 +458,7 @@ class _State:
                 self.info[key] = prev[key] if not isinstance(prev[key], list) else [tuple(u) for u in prev[key]]
         self.info["units_measured"] = [tuple(u) for u in self.info["units_measured"]]
         for unit in self.units():
-            prof = {b: p for b, p in self.cache.get_unit(self.fp, *unit).items() if b in sp.space.buckets}
+            prof = {b: p for b, p in self.cache.get_unit(self.fp, *unit).items() if b in sp.search.buckets}
             if prof:
                 self.ev.set_measured(unit, prof)
                 self._note_spread(unit, prof)
@@ -473,7 +473,7 @@ class _State:
                  f"{len(self.reqs)} requests ({self.info['workload']['source'] if 'workload' in self.info else ''}); "
                  f"{len(self.ev.measured)} of {len(self.units())} units already in the cache {self.cache_path}")
         if profile_all:
-            todo = {u: list(sp.space.buckets) for u in self.units()
+            todo = {u: list(sp.search.buckets) for u in self.units()
                     if self.ev.infeasible_reason(self._full(*u)) is None}
             self.log(f"profiling every feasible unit ({len(todo)}) as asked")
             self.profile(todo)
@@ -483,18 +483,18 @@ class _State:
                 raise UserError("no unit of the space is feasible: " + "; ".join(
                     f"tp{t} b{b}: {self.ev.infeasible_reason(self._full(t, b))}" for t, b in self.units()))
             self.log(f"nothing measured yet: profiling anchor unit tp={anchor[0]} batch={anchor[1]} first")
-            self.profile({anchor: list(sp.space.buckets)})
+            self.profile({anchor: list(sp.search.buckets)})
             if not self.ev.measured:
                 raise LensoptError(f"profiling the anchor unit failed: {self.ev.failed.get(anchor)}")
 
     def _full(self, tp: int, batch: int) -> Candidate:
-        b = self.sp.space.buckets
+        b = self.sp.search.buckets
         return Candidate(tp, batch, b, b)
 
     def _anchor(self) -> tuple[int, int] | None:
-        batches = self.sp.space.batch
+        batches = self.sp.search.batch
         order = sorted(batches, key=lambda b: abs(math.log2(b) - math.log2(batches[len(batches) // 2])))
-        for tp in self.sp.space.tp:
+        for tp in self.sp.search.tp:
             for b in order:
                 if self.ev.infeasible_reason(self._full(tp, b)) is None:
                     return (tp, b)
@@ -541,7 +541,7 @@ class _State:
         self._checkpoint()
 
     def _take_from_cache(self, unit: tuple[int, int], *, waited: bool) -> None:
-        prof = {b: p for b, p in self.cache.get_unit(self.fp, *unit).items() if b in self.sp.space.buckets}
+        prof = {b: p for b, p in self.cache.get_unit(self.fp, *unit).items() if b in self.sp.search.buckets}
         self.ev.set_measured(unit, prof)
         self._note_spread(unit, prof)
         if unit not in self.info["units_measured"] and unit not in self.info["units_reused"]:
@@ -558,7 +558,7 @@ class _State:
             self.cache.renew_claims(owner=self.owner, units=[(self.fp, t, b) for t, b in keys], lease_s=lease)
 
         bar = _bar(len(units), "profiling units", self.progress)
-        for out in self.dispatcher.profile_units(sp.target, units, all_buckets=sp.space.buckets,
+        for out in self.dispatcher.profile_units(sp.target, units, all_buckets=sp.search.buckets,
                                                  repeats=sp.profile.repeats, max_output=sp.profile.max_output,
                                                  attempts=sp.profile.attempts, max_spread=sp.profile.max_spread,
                                                  timeout_s=sp.profile.timeout_s, tick=renew, tick_s=lease / 3):
@@ -640,7 +640,7 @@ class _State:
                 self.profile(promising)
                 for c in self._front_candidates(measured_only=False):
                     if (c.tp, c.batch) in promising:
-                        st.enqueue_trial(params_of(c, self.sp.space), skip_if_exists=False)
+                        st.enqueue_trial(params_of(c, self.sp.search), skip_if_exists=False)
                 continue
             if done >= n_trials:
                 break
@@ -651,7 +651,7 @@ class _State:
         from optuna.trial import TrialState
 
         t = st.ask()
-        cand = suggest(t, self.sp.space)
+        cand = suggest(t, self.sp.search)
         ev = self.ev.evaluate(cand)
         rec = {"number": t.number, "params": t.params, "candidate": _cand_dict(cand), "source": ev.source}
         if ev.infeasible or not ev.metrics:
@@ -689,7 +689,7 @@ class _State:
         if getattr(self, "_sweep_key", None) != key:
             out = []
             by_unit: dict[tuple[int, int], list[Candidate]] = {}
-            for c in all_candidates(self.sp.space):
+            for c in all_candidates(self.sp.search):
                 by_unit.setdefault((c.tp, c.batch), []).append(c)
             for unit, prof in self.ev.measured.items():
                 cands = [c for c in by_unit.get(unit, []) if all(b in prof for b in c.all_buckets)]
@@ -897,7 +897,7 @@ def ev_pred_e2e(state: _State, c: Candidate) -> np.ndarray:
     from lens.compose import UnitTable, predict
 
     prof = state.ev.measured[(c.tp, c.batch)]
-    return predict(UnitTable.build(c, prof, policy=state.sp.target.bucket_policy), state.reqs, mode=state.sp.batching).e2e_s
+    return predict(UnitTable.build(c, prof, policy=state.sp.target.bucket_policy), state.reqs, mode=state.sp.target.batching).e2e_s
 
 
 def _compare(pred: dict, meas: dict, sp: Space, simulated: bool) -> dict:
@@ -975,11 +975,11 @@ def _distributions(sp: Space) -> dict:
     from .encoding import param_names
 
     d = {}
-    for n in param_names(sp.space):
+    for n in param_names(sp.search):
         if n == "tp":
-            d[n] = CategoricalDistribution(list(sp.space.tp))
+            d[n] = CategoricalDistribution(list(sp.search.tp))
         elif n == "batch":
-            d[n] = CategoricalDistribution(list(sp.space.batch))
+            d[n] = CategoricalDistribution(list(sp.search.batch))
         else:
             d[n] = CategoricalDistribution([0, 1])
     return d

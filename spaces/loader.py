@@ -14,10 +14,9 @@ from typing import Any, Mapping
 
 from lens.buckets import validate_buckets
 from lens.errors import RunnerUnavailable, SpaceError, UserError
-from lens.types import POLICIES, ModelShape, Target
+from lens.types import BATCHING, POLICIES, ModelShape, Target
 
 DTYPES = ("float32", "bfloat16", "float16", "fp8")
-BATCHING = ("static", "ragged")
 #: metrics an objective or SLO may name (lens.metrics.summarize keys)
 LATENCY_METRICS = tuple(f"{k}_{s}_s" for k in ("ttft", "tpot", "e2e") for s in ("mean", "p50", "p90", "p99"))
 THROUGHPUT_METRICS = ("throughput_tok_s_per_chip", "throughput_tok_s")
@@ -99,8 +98,7 @@ class Space:
     path: Path
     sha256: str
     target: Target
-    space: SearchSpace
-    batching: str = "static"
+    search: SearchSpace
     workload: WorkloadSpec | None = None
     objectives: Objectives = field(default_factory=Objectives)
     slo: tuple[tuple[str, float], ...] = ()
@@ -217,14 +215,12 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, sha256: str = "") -> Spac
         top.fail("missing the [target] table")
     if "space" not in doc:
         top.fail("missing the [space] table")
-    target, batching = _target(path, doc["target"])
-    space = _space(path, doc["space"], target)
+    target = _target(path, doc["target"])
     return Space(
         path=path,
         sha256=sha256,
         target=target,
-        space=space,
-        batching=batching,
+        search=_space(path, doc["space"], target),
         workload=_workload(path, doc["workload"]) if "workload" in doc else None,
         objectives=_objectives(path, doc.get("objectives", {})),
         slo=_slo(path, doc.get("slo", {})),
@@ -234,7 +230,7 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, sha256: str = "") -> Spac
     )
 
 
-def _target(path: Path, data) -> tuple[Target, str]:
+def _target(path: Path, data) -> Target:
     s = _Section(path, "target", data, {"name", "runner", "hardware", "bucket_policy", "dtype", "seed", "model", "options", "batching"})
     m = _Section(path, "target.model", s.get("model", dict), {"layers", "hidden", "heads", "kv_heads", "intermediate", "vocab"})
     model = ModelShape(**{k: m.positive_int(k) for k in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab")})
@@ -257,6 +253,7 @@ def _target(path: Path, data) -> tuple[Target, str]:
         model=model,
         options=tuple(sorted(options.items())),
         seed=_seed(s, "seed"),
+        batching=s.get("batching", str, "static", choices=BATCHING),
     )
     try:
         schema = runner_class(runner).options_schema
@@ -273,7 +270,7 @@ def _target(path: Path, data) -> tuple[Target, str]:
             pass
         except UserError as exc:
             s.fail(f"[target] / [target.options]: {exc}")
-    return target, s.get("batching", str, "static", choices=BATCHING)
+    return target
 
 
 def _space(path: Path, data, target: Target) -> SearchSpace:

@@ -92,6 +92,6 @@ def test_example_space_files_load_without_the_sdks(name):
 
     sp = load_space(ROOT / "spaces" / name)
     r = get_runner(sp.target)
-    c = Candidate(sp.space.tp[0], sp.space.batch[-1], sp.space.buckets, sp.space.buckets)
+    c = Candidate(sp.search.tp[0], sp.search.batch[-1], sp.search.buckets, sp.search.buckets)
     files = r.deploy_snippets(c)  # pure: needs no SDK
     assert "config.json" in files and len(files) == 2

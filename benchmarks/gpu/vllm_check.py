@@ -46,14 +46,13 @@ from lens.buckets import bucket_ranges, validate_buckets  # noqa: E402
 from lens.compose import UnitTable, predict  # noqa: E402
 from lens.errors import UserError  # noqa: E402
 from lens.probes import plan_probes  # noqa: E402
-from lens.types import Candidate, ModelShape, Requests, Target  # noqa: E402
+from lens.types import BATCHING, Candidate, ModelShape, Requests, Target  # noqa: E402
 
 from gpu_check_tables import format_table, write_csv  # noqa: E402  (beside this script)
 
 #: Llama-3.2-1B's shape (about 1.2 B parameters with its untied output layer)
 LLAMA_1B = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048)
-MODES = ("static", "ragged")
 
 
 def missing_vllm() -> str | None:
@@ -149,7 +148,7 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
     """One line per (unit, mode) and one per mode over all units."""
     out = []
     keys = sorted({(r["tp"], r["batch"]) for r in rows})
-    for mode in MODES:
+    for mode in BATCHING:
         groups = [(f"tp{tp} b{b}", [r for r in rows if (r["tp"], r["batch"]) == (tp, b)]) for tp, b in keys]
         groups.append(("all", list(rows)))
         for label, g in groups:
@@ -243,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             table = UnitTable.build(cand, m.profiles, policy=args.policy)
             req = held_out_requests(rng, buckets, args.policy, args.batches * b, max_output=args.held_out_output,
                                     avoid=avoid)
-            preds = {mode: predict(table, req, mode=mode) for mode in MODES}
+            preds = {mode: predict(table, req, mode=mode) for mode in BATCHING}
             t0 = time.perf_counter()
             runs = [runner.run_workload(cand, req) for _ in range(args.runs)]
             e2e_all = np.stack([r.e2e_s for r in runs])

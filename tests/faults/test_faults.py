@@ -40,7 +40,7 @@ def _single_compile_s(space: Path, tp: int, batch: int) -> float:
     sp = load_space(space)
     t = sp.target
     quiet = type(t)(**{**t.__dict__, "options": tuple((k, v) for k, v in t.options if k != "wall_delay_s")})
-    m = measure_unit(quiet, tp=tp, batch=batch, buckets=sp.space.buckets, all_buckets=sp.space.buckets,
+    m = measure_unit(quiet, tp=tp, batch=batch, buckets=sp.search.buckets, all_buckets=sp.search.buckets,
                      repeats=sp.profile.repeats, max_output=sp.profile.max_output)
     return m.compile_s
 
@@ -51,9 +51,9 @@ def _whole_units(cache_path: Path, space: Path) -> tuple[pd.DataFrame, int, int]
     with ProfileCache.open(cache_path, create=False) as c:
         assert c.integrity_check() == "ok"
         units = c.units()
-    want = {(t, b) for t in sp.space.tp for b in sp.space.batch}
+    want = {(t, b) for t in sp.search.tp for b in sp.search.batch}
     have = {(int(r.tp), int(r.batch)): r for r in units.itertuples()}
-    lost = sum(1 for u in want if u not in have or have[u].n_buckets != len(sp.space.buckets))
+    lost = sum(1 for u in want if u not in have or have[u].n_buckets != len(sp.search.buckets))
     dup = sum(1 for u, r in have.items() if r.compile_s > 1.5 * _single_compile_s(space, *u))
     return units, lost, dup
 
@@ -417,7 +417,7 @@ def test_disk_full_mid_search(tmp_path, ray_session, capsys, fault):
         assert c.integrity_check() == "ok"
         units = c.units()
         before = c.frame()[["tp", "batch", "bucket", "measured_at"]]
-    assert len(units) >= 1 and (units["n_buckets"] == len(sp.space.buckets)).all()
+    assert len(units) >= 1 and (units["n_buckets"] == len(sp.search.buckets)).all()
     res = run(space, cache=cache, results_dir=tmp_path / "ok", trials=20, confirm=False, progress=False, log=lambda m: None)
     assert len(res.info["units_reused"]) >= len(units)
     with ProfileCache.open(cache, create=False) as c:

@@ -102,7 +102,7 @@ def test_the_shipped_example_space_loads():
     assert sp.target.runner == "command"
     assert sp.target.option("argv")[-1] == "examples/command_runner/toy_npu.py"
     r = get_runner(sp.target)
-    for tp in sp.space.tp:
+    for tp in sp.search.tp:
         r.check_unit(Unit(sp.target, tp, 1))
 
 

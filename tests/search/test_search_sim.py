@@ -38,7 +38,7 @@ def test_search_end_to_end_writes_every_result(tmp_path, ray_local):
     assert "SIMULATED" in (rd / "report.md").read_text()
     # the deploy space file pins the chosen configuration and loads as a space
     pinned = load_space(rd / "deploy" / "space.toml")
-    assert pinned.space.tp == (info["chosen"]["tp"],) and pinned.space.batch == (info["chosen"]["batch"],)
+    assert pinned.search.tp == (info["chosen"]["tp"],) and pinned.search.batch == (info["chosen"]["batch"],)
     # optuna-dashboard reads the mirrored study
     st = optuna.load_study(study_name=rd.name, storage=f"sqlite:///{rd / 'study.sqlite'}")
     assert len(st.trials) == info["trials"] == 40
@@ -71,8 +71,8 @@ def test_second_search_on_a_full_cache_profiles_nothing(tmp_path, ray_local):
     space = write_space(tmp_path)
     sp = load_space(space)
     # fill the cache with every unit, as earlier searches on this target would have
-    for tp in sp.space.tp:
-        for b in sp.space.batch:
+    for tp in sp.search.tp:
+        for b in sp.search.batch:
             assert main(["profile", str(space), "--tp", str(tp), "--batch", str(b), "--cache", str(tmp_path / "cache.sqlite")]) == 0
     other = write_space(tmp_path, "slo.toml", extra="[slo]\ne2e_p90_s = 30.0\n")
     res = _run(other, tmp_path, workload="cnn_dailymail", requests=40, confirm=False)
