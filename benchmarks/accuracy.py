@@ -67,7 +67,8 @@ def main(argv=None) -> int:
     runner = get_runner(target)
     fp = runner.fingerprint()
     rng = np.random.default_rng(args.seed)
-    probes = plan_probes(buckets, policy=target.bucket_policy, max_output=space.profile.max_output)
+    probes = plan_probes(buckets, policy=target.bucket_policy, max_output=space.profile.max_output,
+                         repeats=space.profile.repeats)
     probe_pairs = {(p.input_len, p.output_len) for p in probes}
     tmp = tempfile.TemporaryDirectory()
     cache_path = Path(args.cache) if args.cache else Path(tmp.name) / "profiles.sqlite"
@@ -79,8 +80,7 @@ def main(argv=None) -> int:
             tp, batch = (int(x) for x in spec.lower().split("x"))
             t0 = time.perf_counter()
             out = profile_missing(cache=cache, runner=runner, fingerprint=fp, tp=tp, batch=batch, buckets=buckets,
-                                  all_buckets=buckets, repeats=space.profile.repeats, max_output=space.profile.max_output,
-                                  lease_s=space.profile.lease_s)
+                                  all_buckets=buckets, profile=space.profile)
             prof_wall = time.perf_counter() - t0
             cand = Candidate(tp=tp, batch=batch, ctx_buckets=buckets, tkg_buckets=buckets)
             tbl = UnitTable.build(cand, cache.get_unit(fp, tp, batch), policy=target.bucket_policy)

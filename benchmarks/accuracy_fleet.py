@@ -23,6 +23,7 @@ from runners import get_runner
 from runners.sim import EFFECTS, SimOptions, fits_memory
 from runners.sim.options import clean
 from search.profiler import measure_unit
+from spaces import ProfileSettings
 
 DEVICES = ("inf2", "trn1", "tpu-v5e", "tpu-v6e")
 POLICY = {"inf2": "exclusive", "trn1": "exclusive", "tpu-v5e": "inclusive", "tpu-v6e": "inclusive"}
@@ -37,7 +38,8 @@ TRACES = tuple(distributions.TRACE_NAMES)
 BATCHES = (1, 2, 4, 8, 16, 32)
 BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192)
 DTYPE = "bfloat16"
-REPEATS, MAX_OUTPUT = 3, 128
+#: profiling as a space file leaves it by default
+SETTINGS = ProfileSettings()
 EVAL_SEED, CAL_SEED = 1, 2
 #: the methods of the headline tables; "OpSum" is the calibrated (fair) operator sum
 METHODS = ("LENS", "MaverIQ", "OpSum")
@@ -163,8 +165,8 @@ def run_variant(variant: Variant, grid: Grid, rep: int, log) -> tuple[pd.DataFra
 
 
 def _unit_cases(runner, target, variant, grid, rep, device, mname, tp, batch, peak_op):
-    mu = measure_unit(target, tp=tp, batch=batch, buckets=BUCKETS, all_buckets=BUCKETS, repeats=REPEATS,
-                      max_output=MAX_OUTPUT, runner=runner)
+    mu = measure_unit(target, tp=tp, batch=batch, buckets=BUCKETS, all_buckets=BUCKETS, profile=SETTINGS,
+                      runner=runner)
     cost = {"LENS": mu.hardware_s, "MaverIQ": mu.compile_s}  # both compile the unit once
     cand = Candidate(tp, batch, BUCKETS, BUCKETS)
     table = UnitTable.build(cand, mu.profiles, policy=target.bucket_policy)

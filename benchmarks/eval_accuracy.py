@@ -82,7 +82,7 @@ def run_jax(args, log) -> tuple[pd.DataFrame, str | None]:
         for tp, batch in args.jax_units:
             t0 = time.perf_counter()
             mu = measure_unit(sp.target, tp=tp, batch=batch, buckets=buckets, all_buckets=buckets,
-                              repeats=sp.profile.repeats, max_output=sp.profile.max_output, runner=runner)
+                              profile=sp.profile, runner=runner)
             cand = Candidate(tp, batch, buckets, buckets)
             lens_pred = predict(UnitTable.build(cand, mu.profiles, policy=policy), req, mode=sp.target.batching).e2e_s
             runner.run_workload(cand, req.head(batch))  # compile and warm the candidate's graphs

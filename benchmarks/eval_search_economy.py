@@ -70,8 +70,8 @@ def profile_all(sp: Space) -> Exhaustive:
         for batch in sp.search.batch:
             try:
                 runner.check_unit(Unit(sp.target, tp, batch))
-                m = measure_unit(sp.target, tp=tp, batch=batch, buckets=b, all_buckets=b, repeats=sp.profile.repeats,
-                                 max_output=sp.profile.max_output, runner=runner)
+                m = measure_unit(sp.target, tp=tp, batch=batch, buckets=b, all_buckets=b, profile=sp.profile,
+                                 runner=runner)
             except LensoptError as exc:  # e.g. the simulated OOM: fails before compiling, costs nothing
                 failed[(tp, batch)] = str(exc)
                 continue

@@ -46,6 +46,7 @@ from lens.metrics import summarize, summarize_prediction  # noqa: E402
 from lens.types import Candidate  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.profiler import measure_unit  # noqa: E402
+from spaces import ProfileSettings  # noqa: E402
 
 BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192)
 BATCHES = (1, 2, 4, 8, 16, 32)
@@ -53,7 +54,8 @@ DATASETS = ("sharegpt", "cnn_dailymail", "arxiv", "writing_prompts")
 COARSE = (1024, 2048, 4096, 8192)
 FINE = (1024, 2048) + tuple(range(4096, 8193, 512))
 QUIRK_SEED = 18
-REPEATS, MAX_OUTPUT = 3, 128
+#: profiling as a space file leaves it by default
+SETTINGS = ProfileSettings()
 
 
 # -- (a) ------------------------------------------------------------------------------------
@@ -63,8 +65,8 @@ def batch_per_dataset(args, log) -> pd.DataFrame:
     tp = 4
     rows = []
     for batch in BATCHES:
-        mu = measure_unit(target, tp=tp, batch=batch, buckets=BUCKETS, all_buckets=BUCKETS, repeats=REPEATS,
-                          max_output=MAX_OUTPUT, runner=runner)
+        mu = measure_unit(target, tp=tp, batch=batch, buckets=BUCKETS, all_buckets=BUCKETS, profile=SETTINGS,
+                          runner=runner)
         cand = Candidate(tp, batch, BUCKETS, BUCKETS)
         table = UnitTable.build(cand, mu.profiles, policy=target.bucket_policy)
         for ds in DATASETS:
@@ -119,8 +121,8 @@ def refinement_case(args, log) -> tuple[pd.DataFrame, dict]:
     runner = get_runner(target)
     tp, batch = 2, 1
     req = arxiv_requests(args.requests_b)
-    mu = measure_unit(target, tp=tp, batch=batch, buckets=FINE, all_buckets=FINE, repeats=REPEATS,
-                      max_output=MAX_OUTPUT, runner=runner)
+    mu = measure_unit(target, tp=tp, batch=batch, buckets=FINE, all_buckets=FINE, profile=SETTINGS,
+                      runner=runner)
     rows = []
     for name, b in (("coarse {1024,2048,4096,8192}", COARSE), ("fine (512-token steps 4096-8192)", FINE)):
         cand = Candidate(tp, batch, b, b)

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         for b in sp.search.batch:
             try:
                 m = measure_unit(sp.target, tp=tp, batch=b, buckets=sp.search.buckets, all_buckets=sp.search.buckets,
-                                 repeats=sp.profile.repeats, max_output=sp.profile.max_output, runner=runner)
+                                 profile=sp.profile, runner=runner)
             except Exception as exc:  # e.g. a unit that does not fit the device: infeasible in the search too
                 state.ev.set_failed((tp, b), str(exc))
                 continue

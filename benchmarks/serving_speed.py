@@ -31,6 +31,7 @@ from lens.serving import Scheduler, predict_serving  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from lens.workload import fit_to, read_trace  # noqa: E402
 from runners import get_runner  # noqa: E402
+from spaces import ProfileSettings  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 TRACE = trace_path("azure_conv_2023.csv")
@@ -62,7 +63,8 @@ def main(argv=None) -> int:
     target = Target(name="speed", runner="sim", hardware="inf2", bucket_policy="exclusive", dtype="bfloat16",
                     model=LLAMA_1B, options=(("noise", 0.01),))
     runner = get_runner(target)
-    res = runner.profile(Unit(target, 1, args.batch), plan_probes(BUCKETS, policy="exclusive", repeats=1))
+    res = runner.profile(Unit(target, 1, args.batch), plan_probes(BUCKETS, policy="exclusive", repeats=1,
+                                                                    max_output=ProfileSettings().max_output))
     profiles = solve(res.runs, batch=args.batch, simulated=res.simulated)
     table = UnitTable.build(Candidate(1, args.batch, BUCKETS, BUCKETS), profiles, policy="exclusive")
 

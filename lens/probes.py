@@ -24,14 +24,6 @@ from .buckets import bucket_ranges, select_index, validate_buckets
 from .errors import RunnerError, UserError
 from .types import BucketProfile, Probe, ProbeRun
 
-#: default cap on the longer run's output: more steps lower the TBT noise, but cost time
-DEFAULT_MAX_OUTPUT = 128
-DEFAULT_REPEATS = 3
-#: default most measurements of a bucket whose runs are impossible or too noisy to trust
-DEFAULT_ATTEMPTS = 3
-#: default largest accepted spread, (max - min) / median, of one probe's repeats
-DEFAULT_MAX_SPREAD = 0.5
-
 
 class NoisyMeasurement(RunnerError):
     """A bucket's runs stayed impossible to solve (T2 <= T1, TTFT <= 0) after every attempt.
@@ -55,15 +47,15 @@ def plan_probes(
     *,
     policy: str,
     profile: Iterable[int] | None = None,
-    max_output: int = DEFAULT_MAX_OUTPUT,
-    repeats: int = DEFAULT_REPEATS,
+    max_output: int,
+    repeats: int,
 ) -> list[Probe]:
     """Two probes (L1 < L2) per bucket of ``profile`` (default: all of ``buckets``).
 
     ``buckets`` is the full candidate set: it fixes each bucket's lower neighbour, so the
     prompt lands in the bucket under any subset a search may later pick.  l_in is the
     lowest length the bucket takes; L2 the most steps whose contexts stay in the bucket,
-    capped at ``max_output``; L1 = 2 (one decode step, so per-run decode start-up cost
+    capped at ``max_output`` (more steps lower the TBT noise, but cost time); L1 = 2 (one decode step, so per-run decode start-up cost
     lands in the intercept, not the slope), or 1 when the bucket is too narrow.
     """
     b = validate_buckets(buckets)
@@ -125,7 +117,7 @@ def _solve_pair(bucket: int, r1: ProbeRun, r2: ProbeRun, batch: int) -> tuple[fl
     return ttft, tbt
 
 
-def assess(r1: ProbeRun, r2: ProbeRun, *, batch: int, max_spread: float = DEFAULT_MAX_SPREAD) -> tuple[str, str] | None:
+def assess(r1: ProbeRun, r2: ProbeRun, *, batch: int, max_spread: float) -> tuple[str, str] | None:
     """None when a bucket's two runs give a trustworthy profile, else ``(kind, reason)``.
 
     ``kind`` is ``"impossible"`` (no positive TBT_b and TTFT_b can be solved: T2 <= T1, or

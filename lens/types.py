@@ -11,6 +11,9 @@ import numpy as np
 POLICIES = ("exclusive", "inclusive")
 #: how a batch decodes: one shape for the whole batch, or each request in its own buckets
 BATCHING = ("static", "ragged")
+#: bytes per element of each dtype a target may name
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
+DTYPES = tuple(DTYPE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -44,16 +47,21 @@ class ModelShape:
 class Target:
     """What is deployed where: model, hardware, runner, bucket policy, dtype."""
 
-    name: str
-    runner: str
-    hardware: str
-    bucket_policy: str
-    dtype: str
-    model: ModelShape
-    options: tuple[tuple[str, Any], ...] = ()
-    seed: int = 0
-    #: "static" (the batch decodes as one shape) or "ragged" (each request in its own bucket)
-    batching: str = "static"
+    # The metadata is the space file's [target] schema (spaces.schema reads it): "default" is
+    # the value a space file may leave out, for fields the constructor still requires.
+    name: str = field(metadata={"type": str, "help": "a name for the target (shown in reports)"})
+    runner: str = field(metadata={"type": str, "help": "the backend that measures: jax, sim, command, vllm or neuron"})
+    hardware: str = field(metadata={"type": str, "help": "the device kind (sim: inf2, trn1, trn2, tpu-v5e, tpu-v5p, tpu-v6e)"})
+    bucket_policy: str = field(metadata={
+        "type": str, "default": "exclusive", "choices": POLICIES,
+        "help": "the bucket a length runs in: exclusive (smallest b > l) or inclusive (smallest b >= l)"})
+    dtype: str = field(metadata={"type": str, "default": "bfloat16", "choices": DTYPES, "help": "weights and KV cache dtype"})
+    model: ModelShape = field(metadata={"help": "the Llama-architecture decoder shape ([target.model])"})
+    options: tuple[tuple[str, Any], ...] = field(default=(), metadata={"help": "runner options ([target.options])"})
+    seed: int = field(default=0, metadata={"type": int, "min": 0, "help": "random weights and noise"})
+    batching: str = field(default="static", metadata={
+        "type": str, "choices": BATCHING,
+        "help": "static (the batch decodes as one shape) or ragged (each request in its own bucket)"})
 
     def option(self, key: str, default: Any = None) -> Any:
         for k, v in self.options:
@@ -97,6 +105,22 @@ class Candidate:
     def all_buckets(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.ctx_buckets) | set(self.tkg_buckets)))
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"tp": self.tp, "batch": self.batch, "ctx_buckets": list(self.ctx_buckets),
+                "tkg_buckets": list(self.tkg_buckets)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Candidate":
+        """The inverse of ``to_dict``; ``ValueError`` when ``d`` is not one."""
+        try:
+            tp, batch = d["tp"], d["batch"]
+            ctx, tkg = tuple(d["ctx_buckets"]), tuple(d["tkg_buckets"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a candidate: {d!r}") from exc
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (tp, batch, *ctx, *tkg)):
+            raise ValueError(f"not a candidate (tp, batch and buckets are integers): {d!r}")
+        return cls(tp, batch, ctx, tkg)
+
     def label(self) -> str:
         ctx = ",".join(map(str, self.ctx_buckets))
         if self.ctx_buckets == self.tkg_buckets:
@@ -112,7 +136,7 @@ class Probe:
     bucket: int
     input_len: int
     output_len: int
-    repeats: int = 3
+    repeats: int
 
 
 @dataclass(frozen=True)

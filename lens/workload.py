@@ -11,6 +11,8 @@ import numpy as np
 from .errors import TraceError, UserError
 from .types import Requests
 
+#: sample size of a workload when none is given (a space file's workload.requests defaults to it)
+DEFAULT_REQUESTS = 200
 #: most requests a workload sample may hold (predicting a million takes seconds; more is a typo)
 MAX_REQUESTS = 1_000_000
 #: longest request a trace may give, in tokens (beyond any context window; larger is a bad row)
@@ -158,15 +160,18 @@ def load_workload(
     output_column: str | None = None,
     arrival_column: str | None = None,
 ) -> Requests:
-    """A trace file path or a built-in distribution name -> ``requests`` requests (all of a trace if None)."""
-    check_sample(200 if requests is None else requests, seed)
+    """A trace file path or a built-in distribution name -> ``requests`` requests.
+
+    ``requests=None``: all of a trace, ``DEFAULT_REQUESTS`` of a distribution.
+    """
+    check_sample(DEFAULT_REQUESTS if requests is None else requests, seed)
     p = Path(source)
     if p.suffix.lower() in (".csv", ".jsonl", ".ndjson") or p.exists():
         full = read_trace(p, input_column=input_column, output_column=output_column, arrival_column=arrival_column)
         return full if requests is None else sample(full, requests, seed=seed)
     from . import distributions  # built-in named workloads
 
-    return distributions.sample(str(source), requests or 200, seed)
+    return distributions.sample(str(source), DEFAULT_REQUESTS if requests is None else requests, seed)
 
 
 def fit_to(requests: Requests, max_len: int) -> tuple[Requests, int]:

@@ -10,8 +10,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from lens.errors import UserError
-from lens.types import BATCHING, Candidate, Requests
+from lens.types import BATCHING, Candidate, Requests, Target
+from lens.workload import DEFAULT_REQUESTS
 from spaces import Space, load_space
+from spaces.schema import flag_help
 
 
 _INT64_MAX = 2**63 - 1
@@ -65,9 +67,10 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", metavar="I[,I...]", help="prompt length(s): one value, or one per request of the batch")
     p.add_argument("--output-len", metavar="O[,O...]", help="output length(s): one value, or one per request")
     p.add_argument("--workload", metavar="FILE|NAME", help="a trace file (CSV/JSONL) or a built-in distribution name")
-    p.add_argument("--requests", type=int_arg, help="sample size from --workload (default: whole trace / 200)")
+    p.add_argument("--requests", type=int_arg,
+                   help=f"sample size from --workload (default: the whole trace, or {DEFAULT_REQUESTS} of a distribution)")
     p.add_argument("--seed", type=int_arg, default=0, help="sampling seed for --workload")
-    p.add_argument("--mode", choices=BATCHING, help="batching mode (default: the space's target.batching)")
+    p.add_argument("--mode", choices=BATCHING, help=flag_help(Target, "batching"))
 
 
 def space_and_unit(args) -> tuple[Space, int, int]:

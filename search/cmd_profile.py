@@ -1,6 +1,7 @@
 """``lensopt profile | predict | measure``: one unit, by hand."""
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 import time
@@ -11,7 +12,8 @@ from lens.compose import UnitTable, predict
 from lens.errors import MissingProfiles
 from lens.metrics import summarize, summarize_prediction, tpot_of
 from runners import get_runner
-from spaces.loader import MAX_REPEATS
+from spaces import ProfileSettings
+from spaces.schema import check, flag_help
 from store import ProfileCache, resolve_cache_path
 
 from .cli_common import (
@@ -30,7 +32,7 @@ def register(sub) -> None:
     add_space_arg(p)
     add_unit_args(p, buckets_required=False)
     add_cache_arg(p)
-    p.add_argument("--repeats", type=int_arg, help="timed repeats of each run (default: the space's profile.repeats)")
+    p.add_argument("--repeats", type=int_arg, help=flag_help(ProfileSettings, "repeats"))
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_profile)
 
@@ -61,19 +63,20 @@ def cmd_profile(args) -> int:
     space, tp, batch = space_and_unit(args)
     buckets = int_list(args.buckets, flag="--buckets") if args.buckets else space.search.buckets
     check_subset(buckets, space.search.buckets, space.path)
-    repeats = args.repeats if args.repeats is not None else space.profile.repeats
-    if not 1 <= repeats <= MAX_REPEATS:
-        from lens.errors import UserError
+    settings = space.profile
+    if args.repeats is not None:
+        why = check(ProfileSettings, "repeats", args.repeats)
+        if why:
+            from lens.errors import UserError
 
-        raise UserError(f"--repeats {repeats}: must be between 1 and {MAX_REPEATS:,}")
+            raise UserError(f"--repeats {args.repeats} {why}")
+        settings = dataclasses.replace(settings, repeats=args.repeats)
     runner = get_runner(space.target)
     fp = runner.fingerprint()
     with ProfileCache.open(resolve_cache_path(args.cache)) as cache:
         out = profile_missing(
             cache=cache, runner=runner, fingerprint=fp, tp=tp, batch=batch, buckets=sorted(buckets),
-            all_buckets=space.search.buckets, repeats=repeats, max_output=space.profile.max_output,
-            attempts=space.profile.attempts, max_spread=space.profile.max_spread, lease_s=space.profile.lease_s,
-            log=lambda msg: print(msg, file=sys.stderr),
+            all_buckets=space.search.buckets, profile=settings, log=lambda msg: print(msg, file=sys.stderr),
         )
         profiles = {b: p for b, p in cache.get_unit(fp, tp, batch).items() if b in buckets}
     sim = " (SIMULATED device)" if out.simulated or runner.simulated else ""

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import sys
 
+from spaces.schema import Budget, WorkloadSpec, flag_help
+
 from .cli_common import add_cache_arg, add_space_arg, fmt_s, int_arg, print_json, table
+from .study import DEFAULT_SAMPLER, SAMPLERS
 
 
 def register(sub) -> None:
@@ -16,11 +19,12 @@ def register(sub) -> None:
     p.add_argument("--name", help="run folder name (default: the space file's name and a hash of its content and options)")
     p.add_argument("--ray-address", metavar="HOST:PORT", help="join this Ray cluster instead of starting a local one")
     p.add_argument("--workload", metavar="FILE|NAME", help="override the space's [workload]")
-    p.add_argument("--requests", type=int_arg, help="workload sample size (default: the space's workload.requests)")
-    p.add_argument("--seed", type=int_arg, help="workload sampling seed")
-    p.add_argument("--trials", type=int_arg, help="Optuna trials (default: the space's budget.trials)")
-    p.add_argument("--sampler", default="nsga2", choices=("nsga2", "tpe", "random"), help="Optuna sampler (default nsga2)")
-    p.add_argument("--top", type=int_arg, dest="top_k", help="candidates to confirm on the hardware (default: budget.top_k)")
+    p.add_argument("--requests", type=int_arg, help=flag_help(WorkloadSpec, "requests"))
+    p.add_argument("--seed", type=int_arg, help=flag_help(WorkloadSpec, "seed"))
+    p.add_argument("--trials", type=int_arg, help=flag_help(Budget, "trials"))
+    p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=tuple(SAMPLERS),
+                   help=f"Optuna sampler (default {DEFAULT_SAMPLER})")
+    p.add_argument("--top", type=int_arg, dest="top_k", help=flag_help(Budget, "top_k"))
     p.add_argument("--no-confirm", action="store_true", help="skip the confirmation on the hardware")
     p.add_argument("--fresh", action="store_true", help="start the run over instead of resuming it")
     p.add_argument("--estimate-only", action="store_true",
@@ -34,7 +38,7 @@ def register(sub) -> None:
     p = sub.add_parser("confirm", help="rerun the hardware confirmation of a finished search",
                        description="Run the top-k Pareto candidates of RESULTS_DIR on the hardware again.")
     p.add_argument("run_dir", metavar="RESULTS_DIR", help="a results/<run> folder")
-    p.add_argument("--top", type=int_arg, dest="top_k", help="how many candidates (default: the space's budget.top_k)")
+    p.add_argument("--top", type=int_arg, dest="top_k", help=flag_help(Budget, "top_k"))
     p.add_argument("--ray-address", metavar="HOST:PORT")
     add_cache_arg(p)
     p.add_argument("--no-progress", action="store_true")

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from lens.errors import DeviceOutOfMemory, UserError
-from lens.probes import DEFAULT_ATTEMPTS, DEFAULT_MAX_SPREAD, NoisyMeasurement
+from lens.probes import NoisyMeasurement
 from lens.types import Candidate, Requests, Target
+from spaces import ProfileSettings
 
 #: resources Ray names as arguments rather than in ``resources``
 _BUILTIN = {"CPU": "num_cpus", "GPU": "num_gpus"}
@@ -40,8 +41,7 @@ class TaskStarted:
     host: str
 
 
-def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, repeats: int, max_output: int,
-                  attempts: int = DEFAULT_ATTEMPTS, max_spread: float = DEFAULT_MAX_SPREAD):
+def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, profile: ProfileSettings):
     import dataclasses
 
     import ray
@@ -51,8 +51,7 @@ def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, rep
     node_id = ray.get_runtime_context().get_node_id()
     yield TaskStarted(pid=os.getpid(), node_id=node_id, host=socket.gethostname())
     try:
-        m = measure_unit(target, tp=tp, batch=batch, buckets=buckets, all_buckets=all_buckets,
-                         repeats=repeats, max_output=max_output, attempts=attempts, max_spread=max_spread)
+        m = measure_unit(target, tp=tp, batch=batch, buckets=buckets, all_buckets=all_buckets, profile=profile)
     except (UserError, DeviceOutOfMemory, NoisyMeasurement) as exc:
         # would fail the same way again (a noisy bucket was already measured `attempts` times)
         yield _Permanent(f"{type(exc).__name__}: {exc}")
@@ -249,19 +248,17 @@ class Dispatcher:
                 self.running.pop(key, None)
 
     def profile_units(self, target: Target, units: Mapping[tuple[int, int], Sequence[int]], *, all_buckets,
-                      repeats: int, max_output: int, attempts: int = DEFAULT_ATTEMPTS,
-                      max_spread: float = DEFAULT_MAX_SPREAD, timeout_s: float | None = None,
-                      tick: Callable[[list], None] | None = None, tick_s: float = 30.0) -> Iterator[TaskOutcome]:
+                      profile: ProfileSettings, tick: Callable[[list], None] | None = None,
+                      tick_s: float = 30.0) -> Iterator[TaskOutcome]:
         """One task per unit measuring its listed buckets (one compilation for all of them).
 
-        ``timeout_s``: most seconds a task may run from its start (a retry after a lost
-        worker continues the same clock); ``tick(keys of the tasks still pending)`` is
+        ``profile.timeout_s``: most seconds a task may run from its start (a retry after a
+        lost worker continues the same clock); ``tick(keys of the tasks still pending)`` is
         called every ``tick_s`` seconds while they run.
         """
-        jobs = [((tp, b), tp, (target, tp, b, tuple(sorted(bk)), tuple(all_buckets), repeats, max_output,
-                               attempts, max_spread))
+        jobs = [((tp, b), tp, (target, tp, b, tuple(sorted(bk)), tuple(all_buckets), profile))
                 for (tp, b), bk in units.items()]
-        return self._run(_measure_task, jobs, streaming=True, timeout_s=timeout_s, tick=tick, tick_s=tick_s)
+        return self._run(_measure_task, jobs, streaming=True, timeout_s=profile.timeout_s, tick=tick, tick_s=tick_s)
 
     def confirm(self, target: Target, candidates: Sequence[Candidate], requests: Requests) -> Iterator[TaskOutcome]:
         jobs = [(c, c.tp, (target, c, requests)) for c in candidates]

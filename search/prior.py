@@ -17,9 +17,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from lens.types import BucketProfile, ModelShape
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
+from lens.types import DTYPE_BYTES, BucketProfile, ModelShape
 
 
 def weight_bytes(model: ModelShape, dtype: str) -> float:

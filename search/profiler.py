@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from lens.errors import LensoptError, RunnerError, UserError
-from lens.probes import (
-    DEFAULT_ATTEMPTS, DEFAULT_MAX_SPREAD, NoisyMeasurement, assess, check_probe, pair_runs, plan_probes, solve,
-)
+from lens.probes import NoisyMeasurement, assess, check_probe, pair_runs, plan_probes, solve
 from lens.types import BucketProfile, ProbeRun, Target, Unit
 from runners import Runner, get_runner
+from spaces import ProfileSettings
 from store import ProfileCache, new_claimant_id
 
 
@@ -59,20 +58,19 @@ def measure_unit(
     batch: int,
     buckets: Sequence[int],
     all_buckets: Sequence[int],
-    repeats: int,
-    max_output: int,
+    profile: ProfileSettings,
     runner: Runner | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
-    max_spread: float = DEFAULT_MAX_SPREAD,
 ) -> UnitMeasurement:
     """Compile ``(tp, batch)`` once and measure two runs per bucket of ``buckets``.
 
-    Buckets whose runs are impossible or too noisy are measured again (see the module
-    docstring); raises ``NoisyMeasurement`` when one stays impossible.
+    ``profile`` gives the repeats, the probes' longest output, the attempts and the
+    largest accepted spread. Buckets whose runs are impossible or too noisy are measured
+    again (see the module docstring); raises ``NoisyMeasurement`` when one stays impossible.
     """
     runner = runner or get_runner(target)
     unit = Unit(target=target, tp=tp, batch=batch)
     runner.check_unit(unit)
+    repeats, max_output, attempts = profile.repeats, profile.max_output, profile.attempts
     if attempts < 1:
         raise UserError(f"profile.attempts {attempts}: needs at least 1")
     want = sorted(set(buckets))
@@ -98,7 +96,7 @@ def measure_unit(
         compile_s += result.compile_s
         run_s += result.run_s
         for b, pair in pair_runs(result.runs).items():
-            v = assess(*pair, batch=batch, max_spread=max_spread)
+            v = assess(*pair, batch=batch, max_spread=profile.max_spread)
             # keep the better measurement of each bucket over the attempts
             if b not in best or _rank(v, pair) < _rank(verdict[b], best[b]):
                 best[b], verdict[b] = pair, v
@@ -209,11 +207,7 @@ def profile_missing(
     batch: int,
     buckets: Sequence[int],
     all_buckets: Sequence[int],
-    repeats: int,
-    max_output: int,
-    lease_s: float,
-    attempts: int = DEFAULT_ATTEMPTS,
-    max_spread: float = DEFAULT_MAX_SPREAD,
+    profile: ProfileSettings,
     poll_s: float = 1.0,
     log: Callable[[str], None] | None = None,
 ) -> ProfileOutcome:
@@ -224,6 +218,7 @@ def profile_missing(
     profiles (or for its claim to end) instead of measuring them a second time.
     """
     owner = new_claimant_id()
+    lease_s = profile.lease_s
     t_wait = time.perf_counter()
     told = False
     while True:
@@ -243,10 +238,8 @@ def profile_missing(
     t0 = time.perf_counter()
     try:
         with LeaseKeeper(cache.path, owner=owner, units=[(fingerprint, tp, batch)], lease_s=lease_s):
-            m = measure_unit(
-                runner.target, tp=tp, batch=batch, buckets=missing, all_buckets=all_buckets,
-                repeats=repeats, max_output=max_output, runner=runner, attempts=attempts, max_spread=max_spread,
-            )
+            m = measure_unit(runner.target, tp=tp, batch=batch, buckets=missing, all_buckets=all_buckets,
+                             profile=profile, runner=runner)
         store(cache, fingerprint, runner.target, m, runner.name, release_owner=owner)
     finally:
         cache.release_claims(owner=owner)

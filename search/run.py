@@ -43,7 +43,7 @@ from lens.metrics import summarize
 from lens.types import Candidate, Requests, Unit, stable_hash
 from lens.workload import fit_to, load_workload
 from runners import get_runner
-from spaces import Space, load_space
+from spaces import Space, WorkloadSpec, load_space
 from store import ProfileCache, new_claimant_id, resolve_cache_path
 
 from .dispatch import Dispatcher
@@ -52,8 +52,8 @@ from .evaluate import Evaluation, Evaluator
 from .pareto import pareto_mask
 from .prior import AmaliPrior, ScalingPrior
 from .profiler import UnitMeasurement, store
+from .study import DEFAULT_SAMPLER, check_sampler, make_sampler
 
-SAMPLERS = ("nsga2", "tpe", "random")
 #: seconds between two looks at a unit another process is profiling
 CLAIM_POLL_S = 1.0
 #: candidates within this factor of the front on both objectives make their unit promising
@@ -176,8 +176,9 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
         raise UserError(f"--requests {requests}: give a sample size between 1 and {MAX_REQUESTS:,}")
     if seed is not None and seed < 0:
         raise UserError(f"--seed {seed}: a seed is an integer >= 0")
-    n = requests if requests is not None else (spec.requests if spec else 200)
-    s = seed if seed is not None else (spec.seed if spec else 0)
+    defaults = spec or WorkloadSpec()
+    n = requests if requests is not None else defaults.requests
+    s = seed if seed is not None else defaults.seed
     if workload is not None:  # overrides the source; the space's length_scale and drop_longer still apply
         src = workload
         try:
@@ -225,18 +226,6 @@ def default_run_name(space: Space, extra: Any = None) -> str:
     return f"{space.path.stem}-{stable_hash([space.sha256, extra], 8)}"
 
 
-def _make_sampler(name: str, seed: int, n_candidates_hint: int):
-    import optuna
-
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, min(50, n_candidates_hint // 4)))
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise UserError(f"sampler {name!r} is unknown: use one of {', '.join(SAMPLERS)}")
-
-
 def _cands_hint(space: Space) -> int:
     nb = 2 ** (len(space.search.buckets) - 1)
     return len(space.search.tp) * len(space.search.batch) * (nb if space.search.tie_buckets else nb * nb)
@@ -253,7 +242,7 @@ def run(
     requests: int | None = None,
     seed: int | None = None,
     trials: int | None = None,
-    sampler: str = "nsga2",
+    sampler: str = DEFAULT_SAMPLER,
     confirm: bool = True,
     top_k: int | None = None,
     fresh: bool = False,
@@ -268,8 +257,7 @@ def run(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sp = space if isinstance(space, Space) else load_space(space)
     reqs, wdesc = load_requests(sp, workload=workload, requests=requests, seed=seed)
-    if sampler not in SAMPLERS:
-        raise UserError(f"--sampler {sampler!r} is unknown: use one of {', '.join(SAMPLERS)}")
+    check_sampler(sampler)
     n_trials = trials if trials is not None else sp.budget.trials
     if n_trials < 1:
         raise UserError(f"--trials {n_trials}: must be at least 1")
@@ -558,10 +546,8 @@ class _State:
             self.cache.renew_claims(owner=self.owner, units=[(self.fp, t, b) for t, b in keys], lease_s=lease)
 
         bar = _bar(len(units), "profiling units", self.progress)
-        for out in self.dispatcher.profile_units(sp.target, units, all_buckets=sp.search.buckets,
-                                                 repeats=sp.profile.repeats, max_output=sp.profile.max_output,
-                                                 attempts=sp.profile.attempts, max_spread=sp.profile.max_spread,
-                                                 timeout_s=sp.profile.timeout_s, tick=renew, tick_s=lease / 3):
+        for out in self.dispatcher.profile_units(sp.target, units, all_buckets=sp.search.buckets, profile=sp.profile,
+                                                 tick=renew, tick_s=lease / 3):
             self.info["profile_tasks"] += 1
             self.profile_tasks_this_run += 1
             unit = out.key
@@ -609,7 +595,7 @@ class _State:
     def _new_study(self, sampler: str):
         import optuna
 
-        st = optuna.create_study(directions=["maximize", "minimize"], sampler=_make_sampler(sampler, 0, _cands_hint(self.sp)),
+        st = optuna.create_study(directions=["maximize", "minimize"], sampler=make_sampler(sampler, 0, _cands_hint(self.sp)),
                                  study_name=self.run_dir.name)
         past = self.journal.load()
         if past:

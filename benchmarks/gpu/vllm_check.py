@@ -47,12 +47,15 @@ from lens.compose import UnitTable, predict  # noqa: E402
 from lens.errors import UserError  # noqa: E402
 from lens.probes import plan_probes  # noqa: E402
 from lens.types import BATCHING, Candidate, ModelShape, Requests, Target  # noqa: E402
+from spaces import ProfileSettings  # noqa: E402
 
 from gpu_check_tables import format_table, write_csv  # noqa: E402  (beside this script)
 
 #: Llama-3.2-1B's shape (about 1.2 B parameters with its untied output layer)
 LLAMA_1B = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048)
+#: profiling as a space file leaves it by default
+PROFILE = ProfileSettings()
 
 
 def missing_vllm() -> str | None:
@@ -172,8 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "fp8"))
     ap.add_argument("--model-dir", help="where to write config.json (default: a temporary folder)")
     ap.add_argument("--write-model-dir", metavar="DIR", help="only write DIR/config.json for the check's model and exit")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per probe (default 3)")
-    ap.add_argument("--max-output", type=int, default=128, help="the longer probe's output cap (default 128)")
+    ap.add_argument("--repeats", type=int, default=PROFILE.repeats, help=f"runs per probe (default {PROFILE.repeats})")
+    ap.add_argument("--max-output", type=int, default=PROFILE.max_output,
+                    help=f"the longer probe's output cap (default {PROFILE.max_output})")
     ap.add_argument("--batches", type=int, default=6, help="held-out batches per unit (default 6)")
     ap.add_argument("--held-out-output", type=int, default=256, help="held-out outputs are 1..N tokens (default 256)")
     ap.add_argument("--runs", type=int, default=2, help="runs of the held-out requests; medians compared (default 2)")
@@ -227,8 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 skipped.append(f"tp{tp} b{b}")
                 continue
             t0 = time.perf_counter()
-            m = measure_unit(target, tp=tp, batch=b, buckets=buckets, all_buckets=buckets, repeats=args.repeats,
-                             max_output=args.max_output, runner=runner)
+            m = measure_unit(target, tp=tp, batch=b, buckets=buckets, all_buckets=buckets,
+                             profile=ProfileSettings(repeats=args.repeats, max_output=args.max_output), runner=runner)
             prof_wall = time.perf_counter() - t0
             print(f"\nunit tp={tp} batch={b}: profiled {len(m.profiles)} buckets in {prof_wall:.1f} s wall "
                   f"(engine start {m.compile_s:.1f} s + runs {m.run_s:.1f} s)")

@@ -41,7 +41,7 @@ def _single_compile_s(space: Path, tp: int, batch: int) -> float:
     t = sp.target
     quiet = type(t)(**{**t.__dict__, "options": tuple((k, v) for k, v in t.options if k != "wall_delay_s")})
     m = measure_unit(quiet, tp=tp, batch=batch, buckets=sp.search.buckets, all_buckets=sp.search.buckets,
-                     repeats=sp.profile.repeats, max_output=sp.profile.max_output)
+                     profile=sp.profile)
     return m.compile_s
 
 

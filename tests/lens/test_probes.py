@@ -10,7 +10,7 @@ from lens.types import Probe, ProbeRun
 @pytest.mark.parametrize("policy", ["exclusive", "inclusive"])
 @pytest.mark.parametrize("buckets", [(64, 128, 256, 512), (3, 5, 9, 1024), (128, 4096, 4608, 8192)])
 def test_probe_contexts_never_leave_their_bucket(policy, buckets):
-    probes = plan_probes(buckets, policy=policy, max_output=10_000)
+    probes = plan_probes(buckets, policy=policy, max_output=10_000, repeats=3)
     assert len(probes) == 2 * len(buckets)
     for p in probes:
         ctx = np.arange(p.input_len, p.input_len + p.output_len)  # prompt, then decode contexts
@@ -27,27 +27,27 @@ def test_probe_contexts_never_leave_their_bucket(policy, buckets):
 
 def test_probe_plan_respects_lower_neighbour_of_full_set():
     # profiling only 256 of the set still puts the prompt above 128
-    (p1, p2) = plan_probes((64, 128, 256), policy="exclusive", profile=[256])
+    (p1, p2) = plan_probes((64, 128, 256), policy="exclusive", profile=[256], max_output=128, repeats=3)
     assert p1.input_len == 128 and p2.input_len == 128
-    (p1, p2) = plan_probes((64, 128, 256), policy="inclusive", profile=[256])
+    (p1, p2) = plan_probes((64, 128, 256), policy="inclusive", profile=[256], max_output=128, repeats=3)
     assert p1.input_len == 129
 
 
 def test_narrow_bucket_is_refused_clearly():
     with pytest.raises(UserError, match="too narrow"):
-        plan_probes((4, 5, 6), policy="exclusive")
+        plan_probes((4, 5, 6), policy="exclusive", max_output=128, repeats=3)
 
 
 def test_check_probe_catches_the_pitfall():
     with pytest.raises(UserError):
-        check_probe(Probe(bucket=64, input_len=64, output_len=2), (64, 128), "exclusive")
+        check_probe(Probe(bucket=64, input_len=64, output_len=2, repeats=1), (64, 128), "exclusive")
     with pytest.raises(UserError):
-        check_probe(Probe(bucket=64, input_len=60, output_len=10), (64, 128), "exclusive")
+        check_probe(Probe(bucket=64, input_len=60, output_len=10, repeats=1), (64, 128), "exclusive")
 
 
 def test_solve_recovers_ttft_and_tbt():
     ttft, tbt, batch = 0.05, 0.002, 4
-    probes = plan_probes((64, 128), policy="exclusive", repeats=3)
+    probes = plan_probes((64, 128), policy="exclusive", max_output=128, repeats=3)
     runs = []
     for p in probes:
         t = batch * ttft + (p.output_len - 1) * tbt
@@ -61,6 +61,6 @@ def test_solve_recovers_ttft_and_tbt():
 
 
 def test_solve_refuses_non_increasing_times():
-    p1, p2 = plan_probes((64,), policy="exclusive")
+    p1, p2 = plan_probes((64,), policy="exclusive", max_output=128, repeats=3)
     with pytest.raises(RunnerError, match="not slower"):
         solve([ProbeRun(p1, (1.0,)), ProbeRun(p2, (0.9,))], batch=1)

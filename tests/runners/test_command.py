@@ -15,6 +15,7 @@ from lens.types import Candidate, ModelShape, Probe, Requests, Target, Unit
 from runners import get_runner
 from runners.command import PROTOCOL, STDERR_TAIL_CHARS, CommandRunner
 from search.profiler import measure_unit, profile_missing
+from spaces import ProfileSettings
 from spaces.loader import load_space
 from store import ProfileCache
 
@@ -406,13 +407,15 @@ def test_a_failing_program_writes_nothing_to_the_cache(tmp_path, mode):
     with ProfileCache.open(path) as cache:
         with pytest.raises(RunnerError):
             profile_missing(cache=cache, runner=r, fingerprint=fp, tp=1, batch=2, buckets=list(BUCKETS),
-                            all_buckets=list(BUCKETS), repeats=2, max_output=8, lease_s=LEASE_S)
+                            all_buckets=list(BUCKETS),
+                            profile=ProfileSettings(repeats=2, max_output=8, lease_s=LEASE_S))
         assert len(cache.frame()) == 0 and len(cache.units()) == 0
         assert cache.missing(fp, 1, 2, list(BUCKETS)) == list(BUCKETS)
     # and with the program fixed, the same call stores the whole unit
     with ProfileCache.open(path) as cache:
         out = profile_missing(cache=cache, runner=toy(), fingerprint=fp, tp=1, batch=2, buckets=list(BUCKETS),
-                              all_buckets=list(BUCKETS), repeats=2, max_output=8, lease_s=LEASE_S)
+                              all_buckets=list(BUCKETS),
+                              profile=ProfileSettings(repeats=2, max_output=8, lease_s=LEASE_S))
         assert tuple(out.measured) == BUCKETS and out.simulated
         assert cache.missing(fp, 1, 2, list(BUCKETS)) == []
         assert len(cache.frame()) == len(BUCKETS)
@@ -421,7 +424,8 @@ def test_a_failing_program_writes_nothing_to_the_cache(tmp_path, mode):
 def test_measure_unit_raises_before_returning_anything():
     r = toy("--mode", "short", "--fail-on", "profile")
     with pytest.raises(RunnerError, match="wrong number of runs"):
-        measure_unit(r.target, tp=1, batch=2, buckets=BUCKETS, all_buckets=BUCKETS, repeats=1, max_output=8, runner=r)
+        measure_unit(r.target, tp=1, batch=2, buckets=BUCKETS, all_buckets=BUCKETS,
+                     profile=ProfileSettings(repeats=1, max_output=8), runner=r)
 
 
 # -- continuous mode (docs/serving.md) -------------------------------------------------------

@@ -148,7 +148,7 @@ def test_fingerprint_changes_with_sdk_versions_and_options(fake_sdk):
 def test_without_the_sdk_using_the_runner_explains_where_the_packages_come_from():
     r = get_runner(target())
     for use in (r.fingerprint,
-                lambda: r.profile(Unit(r.target, 1, 1), plan_probes((128, 256), policy="exclusive")),
+                lambda: r.profile(Unit(r.target, 1, 1), plan_probes((128, 256), policy="exclusive", max_output=16, repeats=1)),
                 lambda: r.run_workload(Candidate(1, 1, (128,), (128,)), Requests([5], [5]))):
         with pytest.raises(RunnerUnavailable) as exc:
             use()

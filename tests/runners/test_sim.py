@@ -129,7 +129,7 @@ def test_check_unit():
     with pytest.raises(UserError, match="8 .* devices"):
         v6e.check_unit(Unit(v6e.target, 16, 1))  # a v6e host has 8 chips
     with pytest.raises(UserError):
-        r.profile(Unit(r.target, 3, 1), [Probe(1024, 600, 16)])
+        r.profile(Unit(r.target, 3, 1), [Probe(1024, 600, 16, 1)])
 
 
 def test_lengths_that_fit_no_bucket_name_the_request():
@@ -141,7 +141,7 @@ def test_lengths_that_fit_no_bucket_name_the_request():
     with pytest.raises(UserError, match="request 0"):
         r.run_workload(cand(), reqs([0], [5]))
     with pytest.raises(UserError):
-        r.profile(Unit(r.target, 2, 1), [Probe(128, 100, 64)])  # decode leaves the only bucket
+        r.profile(Unit(r.target, 2, 1), [Probe(128, 100, 64, 1)])  # decode leaves the only bucket
 
 
 # -- determinism, noise, quirks ------------------------------------------------------------
@@ -276,7 +276,7 @@ def test_out_of_memory_is_a_runner_error():
     r = SimRunner(target(model=LLAMA_70B))
     assert not fits_memory("inf2", LLAMA_70B, "bfloat16", 1, 1, 1024)
     with pytest.raises(RunnerError, match="out of device memory"):
-        r.profile(Unit(r.target, 1, 1), [Probe(1024, 600, 16)])
+        r.profile(Unit(r.target, 1, 1), [Probe(1024, 600, 16, 1)])
     with pytest.raises(RunnerError, match="out of device memory"):
         r.run_workload(cand(tp=1), reqs([10], [5]))
     # the KV cache counts too: a 1B model fits at batch 1 but not at batch 4096

@@ -260,7 +260,7 @@ def test_versions_include_the_platform_stack(fake_sdk):
 def test_without_vllm_using_the_runner_says_which_extra_to_install():
     r = get_runner(target())  # constructing does no I/O and needs no SDK
     for use in (r.fingerprint, r.versions,
-                lambda: r.profile(Unit(r.target, 1, 1), plan_probes((128, 256), policy="inclusive")),
+                lambda: r.profile(Unit(r.target, 1, 1), plan_probes((128, 256), policy="inclusive", max_output=16, repeats=1)),
                 lambda: r.run_workload(Candidate(1, 1, (128,), (128,)), Requests([5], [5]))):
         with pytest.raises(RunnerUnavailable, match=r'pip install "lensopt\[vllm\]"'):
             use()
@@ -506,10 +506,10 @@ def test_engine_is_reused_for_the_same_configuration_and_replaced_otherwise(fake
 def test_profile_rejects_probes_that_leave_their_bucket(fake_runner):
     r = fake_runner
     with pytest.raises(UserError, match="runs in bucket 128, not 64"):
-        r.profile(Unit(r.target, 1, 1), [Probe(bucket=64, input_len=70, output_len=2),
-                                         Probe(bucket=128, input_len=100, output_len=2)])
+        r.profile(Unit(r.target, 1, 1), [Probe(bucket=64, input_len=70, output_len=2, repeats=1),
+                                         Probe(bucket=128, input_len=100, output_len=2, repeats=1)])
     with pytest.raises(UserError, match="probe 0 \\(bucket 64\\): input 10 \\+ output 60 .* fits no token-generation"):
-        r.profile(Unit(r.target, 1, 1), [Probe(bucket=64, input_len=10, output_len=60)])
+        r.profile(Unit(r.target, 1, 1), [Probe(bucket=64, input_len=10, output_len=60, repeats=1)])
     with pytest.raises(UserError, match="at least one probe"):
         r.profile(Unit(r.target, 1, 1), [])
     assert FakeEngine.started == []  # nothing started for a bad request

@@ -1,0 +1,200 @@
+"""The schema of a space file: one frozen dataclass per TOML table.
+
+Each setting is declared once, here (or, for ``[target]``, on ``lens.types.Target``): its
+dataclass field carries the default, the type, the bounds and the help text. The loader
+validates a file from that metadata (``check``), the command line's help and checks read
+it (``flag_help``, ``check``), and the code reads the values from the ``Space``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from lens.errors import UserError
+from lens.types import Target
+from lens.workload import DEFAULT_REQUESTS, MAX_REQUESTS
+
+#: metrics an objective or SLO may name (lens.metrics.summarize keys)
+LATENCY_METRICS = tuple(f"{k}_{s}_s" for k in ("ttft", "tpot", "e2e") for s in ("mean", "p50", "p90", "p99"))
+THROUGHPUT_METRICS = ("throughput_tok_s_per_chip", "throughput_tok_s")
+#: most timed repeats of one probe, and most measurements of a noisy bucket
+MAX_REPEATS = 10_000
+MAX_ATTEMPTS = 8
+
+
+def setting(default: Any, typ: type, *, help: str, min: float | None = None, max: float | None = None,
+            above: float | None = None, below: float | None = None, choices: tuple | None = None,
+            hint: str = "") -> Any:
+    """A dataclass field for one space-file setting: default, type, bounds and help in one place.
+
+    ``min``/``max`` are inclusive bounds, ``above``/``below`` exclusive ones; ``hint`` closes
+    the message a value out of bounds gets.
+    """
+    meta = {"type": typ, "help": help, "min": min, "max": max, "above": above, "below": below, "choices": choices,
+            "hint": hint}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    tp: tuple[int, ...] = field(metadata={"help": "tensor-parallel degrees to search"})
+    batch: tuple[int, ...] = field(metadata={"help": "batch sizes to search"})
+    buckets: tuple[int, ...] = field(metadata={
+        "help": "candidate bucket boundaries; a bucket set is a subset holding the largest"})
+    max_buckets: int | None = setting(None, int, min=1, help="most buckets a candidate set may hold (unset: any number)")
+    tie_buckets: bool = setting(True, bool, help="one bucket set for context encoding and token generation "
+                                                 "(false: the two are searched apart)")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    trace: Path | None = setting(None, str, help="a trace file (CSV or JSONL), relative to the space file")
+    distribution: str | None = setting(None, str, help="a built-in workload name")
+    requests: int = setting(DEFAULT_REQUESTS, int, min=1, max=MAX_REQUESTS, hint="sample fewer requests",
+                            help="workload sample size")
+    seed: int = setting(0, int, min=0, help="workload sampling seed")
+    input_column: str | None = setting(None, str, help="a trace's input-length column (auto-detected when unset)")
+    output_column: str | None = setting(None, str, help="a trace's output-length column")
+    arrival_column: str | None = setting(None, str, help="a trace's arrival-time column")
+    length_scale: float = setting(1.0, float, above=0, max=1000, hint="it multiplies every request length",
+                                  help="multiply every input and output length (a trace's shape for a small model)")
+    drop_longer: bool = setting(False, bool, help="drop sampled requests longer than the largest bucket "
+                                                  "instead of stopping with an error")
+
+
+@dataclass(frozen=True)
+class Objectives:
+    throughput: str = setting("throughput_tok_s_per_chip", str, choices=THROUGHPUT_METRICS,
+                              help="the throughput to maximise")
+    latency: str = setting("e2e_p90_s", str, choices=LATENCY_METRICS, help="the latency to minimise")
+
+
+@dataclass(frozen=True)
+class Hosts:
+    #: Ray resources one unit needs: name -> number or an expression of tp ("tp", "2*tp", "tp/2")
+    resources: tuple[tuple[str, Any], ...] = setting((("CPU", 1),), dict,
+                                                     help="Ray resources one unit needs (numbers or 'tp', '2*tp', 'tp/2')")
+    chips_per_host: int | None = setting(None, int, min=1, help="chips per host (prunes tp > chips per host)")
+    memory_gib_per_chip: float | None = setting(None, float, above=0, help="device memory per chip, GiB (prunes "
+                                                                           "units whose weights and KV cache do not fit)")
+
+    def resources_for(self, tp: int) -> dict[str, float]:
+        return {name: eval_tp(expr, tp) for name, expr in self.resources}
+
+
+_TP_EXPR = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*\*\s*)?tp\s*(?:/\s*(\d+(?:\.\d+)?))?\s*$")
+
+
+def eval_tp(expr: Any, tp: int) -> float:
+    """A resource amount: a number, or an expression of tp ("tp", "2*tp", "tp/2")."""
+    if isinstance(expr, (int, float)) and not isinstance(expr, bool):
+        return float(expr)
+    m = _TP_EXPR.match(str(expr))
+    if not m:
+        raise UserError(f"resource amount {expr!r}: use a number or an expression like 'tp', '2*tp' or 'tp/2'")
+    mul = float(m.group(1) or 1)
+    div = float(m.group(2) or 1)
+    return mul * tp / div
+
+
+@dataclass(frozen=True)
+class Budget:
+    profile_s: float | None = setting(None, float, above=0, help="most hardware seconds spent profiling")
+    confirm_s: float | None = setting(None, float, above=0, help="most hardware seconds spent confirming")
+    top_k: int = setting(3, int, min=1, help="candidates confirmed on the hardware")
+    trials: int = setting(200, int, min=1, help="Optuna trials")
+    tolerance: float = setting(0.10, float, above=0, below=10, hint="a fraction such as 0.1",
+                               help="confirmation disagreement flagged above this fraction")
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    repeats: int = setting(3, int, min=1, max=MAX_REPEATS, help="timed repeats of each probe run (the median is kept)")
+    max_output: int = setting(128, int, min=2, hint="two output lengths per bucket",
+                              help="cap on the longer probe run's output: more steps lower the TBT noise, but cost time")
+    timeout_s: float | None = setting(None, float, above=0, help="most seconds one profiling task (compile and runs "
+                                                                 "of a unit) may run; unset: no limit")
+    attempts: int = setting(3, int, min=1, max=MAX_ATTEMPTS, hint="each attempt doubles the repeats",
+                            help="measurements of a bucket whose runs are impossible (T2 <= T1) or too noisy, at most")
+    max_spread: float = setting(0.5, float, above=0, help="largest accepted spread (max - min) / median of a probe's "
+                                                          "repeats before it is measured again")
+    lease_s: float = setting(120.0, float, above=0, help="seconds a claim on a unit lasts unless renewed (renewed every "
+                                                         "third of it while the task runs); another process waits at "
+                                                         "most this long for a claimant that died")
+
+
+@dataclass(frozen=True)
+class Space:
+    path: Path
+    sha256: str
+    target: Target
+    search: SearchSpace
+    workload: WorkloadSpec | None = None
+    objectives: Objectives = field(default_factory=Objectives)
+    slo: tuple[tuple[str, float], ...] = ()
+    hosts: Hosts = field(default_factory=Hosts)
+    budget: Budget = field(default_factory=Budget)
+    profile: ProfileSettings = field(default_factory=ProfileSettings)
+
+
+#: the TOML table of each schema class
+TABLES: dict[type, str] = {Target: "target", SearchSpace: "space", WorkloadSpec: "workload", Objectives: "objectives",
+                           Hosts: "hosts", Budget: "budget", ProfileSettings: "profile"}
+
+
+def _field(cls: type, name: str) -> dataclasses.Field:
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f
+    raise KeyError(f"{cls.__name__} has no setting {name!r}")
+
+
+def keys(cls: type) -> set[str]:
+    """The TOML keys of a table: the fields of its class."""
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def meta(cls: type, name: str) -> Mapping[str, Any]:
+    return _field(cls, name).metadata
+
+
+def default(cls: type, name: str) -> Any:
+    """The value a space file gets when it leaves the key out (``...``: the key is required)."""
+    f = _field(cls, name)
+    if f.default is not MISSING:
+        return f.default
+    return f.metadata.get("default", ...)
+
+
+def check(cls: type, name: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for this setting (its bounds and choices), or None."""
+    m = meta(cls, name)
+    if value is None:
+        return None
+    choices = m.get("choices")
+    if choices is not None and value not in choices:
+        return f"is not one of {', '.join(map(str, choices))}"
+    why = None
+    lo, hi, above, below = m.get("min"), m.get("max"), m.get("above"), m.get("below")
+    if lo is not None and value < lo:
+        why = {1: "must be a positive integer", 0: "must be an integer >= 0"}.get(lo, f"must be at least {lo:g}")
+    elif above is not None and not value > above:
+        why = "must be a positive number" if above == 0 else f"must be more than {above:g}"
+    elif hi is not None and value > hi:
+        why = f"is more than {hi:,}"
+    elif below is not None and not value < below:
+        why = f"must be less than {below:g}"
+    if why and m.get("hint"):
+        why += f" ({m['hint']})"
+    return why
+
+
+def flag_help(cls: type, name: str, text: str | None = None) -> str:
+    """Help of a command-line flag that overrides a space-file setting, read from its schema."""
+    d = default(cls, name)
+    key = f"{TABLES[cls]}.{name}"
+    shown = "unset" if d is None else str(d)
+    return f"{text or meta(cls, name)['help']} (default: the space's {key}, {shown} if the file leaves it out)"
