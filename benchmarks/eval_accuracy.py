@@ -66,7 +66,7 @@ def run_jax(args, log) -> tuple[pd.DataFrame, str | None]:
     """LENS and MaverIQ-style on the jax runner; returns (rows, reason it was skipped)."""
     try:
         from runners import runner_class
-        from search.run import load_requests
+        from spaces import load_requests
         from spaces import load_space
 
         runner_class("jax")

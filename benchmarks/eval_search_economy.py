@@ -46,8 +46,8 @@ from search.encoding import all_candidates  # noqa: E402
 from search.evaluate import Evaluator  # noqa: E402
 from search.pareto import hypervolume, pareto_mask  # noqa: E402
 from search.profiler import measure_unit  # noqa: E402
-from search.run import load_requests, run  # noqa: E402
-from spaces import Space, load_space  # noqa: E402
+from search.run import run  # noqa: E402
+from spaces import Space, load_requests, load_space  # noqa: E402
 
 GOAL_HV, GOAL_COST = 0.99, 0.20
 

@@ -18,6 +18,7 @@ import pandas as pd
 
 from lens.errors import UserError
 from spaces import Space, load_space
+from spaces import load_requests
 
 from .encoding import all_candidates
 from .evaluate import Evaluator
@@ -38,7 +39,7 @@ def estimate_run(
     seed: int | None = None,
     log: Callable[[str], None] = print,
 ):
-    from .run import SearchResult, _eval_row, _knee, _prepare_dir, _write_json, default_run_name, load_requests
+    from .run import SearchResult, _eval_row, _knee, _prepare_dir, _write_json, default_run_name
     from .report import write_report
 
     sp = space if isinstance(space, Space) else load_space(space)
@@ -94,7 +95,7 @@ def estimate_run(
         front = front.sort_values(sp.objectives.latency).reset_index(drop=True)
         front.insert(0, "rank", range(1, len(front) + 1))
     info = {"run": run_dir.name, "space": str(sp.path), "space_sha256": sp.sha256, "estimate_only": True,
-            "estimator": prior.name, "gpu": t.hardware, "target": t.to_dict(), "workload": wdesc,
+            "estimator": prior.name, "gpu": t.hardware, "target": t.to_dict(), "workload": wdesc.to_json(),
             "trials": len(cands), "units_measured": [], "units_reused": [], "units_failed": {},
             "profile_hardware_s": 0.0, "confirm_hardware_s": 0.0, "profile_tasks_this_run": 0,
             "simulated": False, "state": "complete", "wall_s": time.time() - t0, "slo_met": bool(front_evals) or not sp.slo}

@@ -41,9 +41,9 @@ import pandas as pd
 from lens.errors import LensoptError, UserError
 from lens.metrics import summarize
 from lens.types import Candidate, Requests, Unit, stable_hash
-from lens.workload import fit_to, load_workload
 from runners import get_runner
-from spaces import Space, WorkloadSpec, load_space
+from spaces import Space, load_space
+from spaces import load_requests
 from store import ProfileCache, new_claimant_id, resolve_cache_path
 
 from .dispatch import Dispatcher
@@ -162,66 +162,6 @@ def _lensopt_version() -> str:
         return "0+unknown"
 
 
-def load_requests(space: Space, *, workload: str | None = None, requests: int | None = None,
-                  seed: int | None = None) -> tuple[Requests, dict]:
-    """The workload sample of a search, fitted to the space's largest bucket."""
-    spec = space.workload
-    if workload is None and spec is None:
-        raise UserError(f"{space.path}: no [workload] table; add one (trace = \"FILE\" or distribution = \"NAME\") "
-                        f"or pass --workload FILE|NAME")
-    from lens.errors import TraceError
-    from lens.workload import MAX_REQUESTS
-
-    if requests is not None and not 1 <= requests <= MAX_REQUESTS:
-        raise UserError(f"--requests {requests}: give a sample size between 1 and {MAX_REQUESTS:,}")
-    if seed is not None and seed < 0:
-        raise UserError(f"--seed {seed}: a seed is an integer >= 0")
-    defaults = spec or WorkloadSpec()
-    n = requests if requests is not None else defaults.requests
-    s = seed if seed is not None else defaults.seed
-    if workload is not None:  # overrides the source; the space's length_scale and drop_longer still apply
-        src = workload
-        try:
-            req = load_workload(workload, requests=n, seed=s)
-        except TraceError:
-            raise  # names the trace file and line
-        except UserError as exc:
-            raise UserError(f"--workload {workload}: {exc}") from None
-    else:
-        src = spec.trace if spec.trace is not None else spec.distribution
-        try:
-            req = load_workload(src, requests=n, seed=s, input_column=spec.input_column,
-                                output_column=spec.output_column, arrival_column=spec.arrival_column)
-        except TraceError:
-            raise
-        except UserError as exc:
-            raise UserError(f"{space.path}: [workload]: {exc}") from None
-    desc = {"source": str(src), "requests": n, "seed": s}
-    if spec is not None and spec.length_scale != 1.0:
-        from lens.workload import scale_lengths
-
-        try:
-            req = scale_lengths(req, spec.length_scale)
-        except UserError as exc:
-            raise UserError(f"{space.path}: workload.{exc}") from None
-        desc["length_scale"] = spec.length_scale
-    max_len = space.search.buckets[-1]
-    fitted, dropped = fit_to(req, max_len)
-    if dropped:
-        if not (spec and spec.drop_longer):
-            raise UserError(
-                f"{dropped} of {len(req)} sampled requests are longer than the largest bucket {max_len} of {space.path}; "
-                f"add a larger bucket to space.buckets or set workload.drop_longer = true"
-            )
-        desc["dropped_longer"] = dropped
-        if len(fitted) == 0:
-            raise UserError(f"every sampled request of {src} is longer than the largest bucket {max_len} of "
-                            f"space.buckets in {space.path}; add a larger bucket (or lower workload.length_scale)")
-    desc.update({"input_mean": float(fitted.input_len.mean()), "output_mean": float(fitted.output_len.mean()),
-                 "input_max": int(fitted.input_len.max()), "output_max": int(fitted.output_len.max())})
-    return fitted, desc
-
-
 def default_run_name(space: Space, extra: Any = None) -> str:
     return f"{space.path.stem}-{stable_hash([space.sha256, extra], 8)}"
 
@@ -257,6 +197,7 @@ def run(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sp = space if isinstance(space, Space) else load_space(space)
     reqs, wdesc = load_requests(sp, workload=workload, requests=requests, seed=seed)
+    wdesc = wdesc.to_json()
     check_sampler(sampler)
     n_trials = trials if trials is not None else sp.budget.trials
     if n_trials < 1:

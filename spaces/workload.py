@@ -1,0 +1,107 @@
+"""The workload sample of a space: its ``[workload]`` (or a ``--workload`` override), fitted
+to the space's largest bucket.
+
+It lives here rather than in ``lens.workload`` because every choice it makes and every
+error it raises is about a space file's keys (``workload.drop_longer``, ``space.buckets``)
+or a command-line flag; the pieces that know nothing of spaces (``load_workload``,
+``scale_lengths``, ``fit_to``) are in ``lens.workload``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from lens.errors import TraceError, UserError
+from lens.types import Requests
+from lens.workload import fit_to, load_workload, scale_lengths
+
+from .schema import Space, WorkloadSpec, check
+
+
+@dataclass(frozen=True)
+class WorkloadDescription:
+    """Where a search's requests came from and what they look like (run.json's ``workload``)."""
+
+    source: str
+    requests: int
+    seed: int
+    input_mean: float
+    output_mean: float
+    input_max: int
+    output_max: int
+    #: set when the space scales lengths / drops requests longer than the largest bucket
+    length_scale: float | None = None
+    dropped_longer: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        head = {k: d.pop(k) for k in ("source", "requests", "seed")}
+        extra = {k: d.pop(k) for k in ("length_scale", "dropped_longer") if d[k] is not None}
+        return {**head, **extra, **d}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "WorkloadDescription":
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
+
+
+def _check_flag(flag: str, name: str, value: int | None) -> None:
+    why = None if value is None else check(WorkloadSpec, name, value)
+    if why:
+        raise UserError(f"{flag} {value} {why}")
+
+
+def load_requests(space: Space, *, workload: str | None = None, requests: int | None = None,
+                  seed: int | None = None) -> tuple[Requests, WorkloadDescription]:
+    """The workload sample of a search, fitted to the space's largest bucket.
+
+    ``workload`` overrides the space's source (its length_scale and drop_longer still
+    apply); ``requests`` and ``seed`` override its sample size and seed.
+    """
+    spec = space.workload
+    if workload is None and spec is None:
+        raise UserError(f"{space.path}: no [workload] table; add one (trace = \"FILE\" or distribution = \"NAME\") "
+                        f"or pass --workload FILE|NAME")
+    _check_flag("--requests", "requests", requests)
+    _check_flag("--seed", "seed", seed)
+    given = spec or WorkloadSpec()
+    n = requests if requests is not None else given.requests
+    s = seed if seed is not None else given.seed
+    if workload is not None:
+        src = workload
+        try:
+            req = load_workload(workload, requests=n, seed=s)
+        except TraceError:
+            raise  # names the trace file and line
+        except UserError as exc:
+            raise UserError(f"--workload {workload}: {exc}") from None
+    else:
+        src = spec.trace if spec.trace is not None else spec.distribution
+        try:
+            req = load_workload(src, requests=n, seed=s, input_column=spec.input_column,
+                                output_column=spec.output_column, arrival_column=spec.arrival_column)
+        except TraceError:
+            raise
+        except UserError as exc:
+            raise UserError(f"{space.path}: [workload]: {exc}") from None
+    scale = None
+    if spec is not None and spec.length_scale != 1.0:
+        try:
+            req = scale_lengths(req, spec.length_scale)
+        except UserError as exc:
+            raise UserError(f"{space.path}: workload.{exc}") from None
+        scale = spec.length_scale
+    max_len = space.search.buckets[-1]
+    fitted, dropped = fit_to(req, max_len)
+    if dropped:
+        if not (spec and spec.drop_longer):
+            raise UserError(
+                f"{dropped} of {len(req)} sampled requests are longer than the largest bucket {max_len} of {space.path}; "
+                f"add a larger bucket to space.buckets or set workload.drop_longer = true"
+            )
+        if len(fitted) == 0:
+            raise UserError(f"every sampled request of {src} is longer than the largest bucket {max_len} of "
+                            f"space.buckets in {space.path}; add a larger bucket (or lower workload.length_scale)")
+    return fitted, WorkloadDescription(
+        source=str(src), requests=n, seed=s, length_scale=scale, dropped_longer=dropped or None,
+        input_mean=float(fitted.input_len.mean()), output_mean=float(fitted.output_len.mean()),
+        input_max=int(fitted.input_len.max()), output_max=int(fitted.output_len.max()))
