@@ -22,8 +22,8 @@ from spaces import load_requests
 
 from .encoding import all_candidates
 from .evaluate import Evaluator
-from .pareto import pareto_mask
 from .prior import AmaliPrior
+from .selection import by_latency, front_of, knee
 
 #: more candidates than this are sampled at random instead of enumerated
 MAX_CANDIDATES = 50_000
@@ -39,7 +39,7 @@ def estimate_run(
     seed: int | None = None,
     log: Callable[[str], None] = print,
 ):
-    from .run import SearchResult, _eval_row, _knee, _prepare_dir, _write_json, default_run_name
+    from .run import SearchResult, _eval_row, _prepare_dir, _write_json, default_run_name
     from .report import write_report
 
     sp = space if isinstance(space, Space) else load_space(space)
@@ -81,18 +81,9 @@ def estimate_run(
             row["meets_slo"] = e.meets_slo(sp)
         rows.append(row)
     trials = pd.DataFrame(rows)
-    ok = [e for e in evals if e.metrics and not e.infeasible and e.meets_slo(sp)]
-    best = {}
-    for e in sorted(ok, key=lambda e: (len(e.candidate.ctx_buckets) + len(e.candidate.tkg_buckets), e.candidate.label())):
-        best.setdefault(tuple(e.values(sp)), e)
-    ok = list(best.values())
-    front_evals = []
-    if ok:
-        v = np.array([e.values(sp) for e in ok])
-        front_evals = [e for e, m in zip(ok, pareto_mask(v[:, 0], v[:, 1])) if m]
+    front_evals = by_latency(front_of([e for e in evals if e.metrics and not e.infeasible], sp), sp)
     front = pd.DataFrame([_eval_row(e, sp) for e in front_evals])
     if len(front):
-        front = front.sort_values(sp.objectives.latency).reset_index(drop=True)
         front.insert(0, "rank", range(1, len(front) + 1))
     info = {"run": run_dir.name, "space": str(sp.path), "space_sha256": sp.sha256, "estimate_only": True,
             "estimator": prior.name, "gpu": t.hardware, "target": t.to_dict(), "workload": wdesc.to_json(),
@@ -103,9 +94,7 @@ def estimate_run(
     front.to_csv(run_dir / "pareto.csv", index=False)
     chosen, stair = None, {}
     if len(front):
-        from .run import _cand_from_row
-
-        chosen = _cand_from_row(front.iloc[_knee(front, sp)])
+        chosen = knee(front_evals, sp).candidate
         info["chosen"] = {"tp": chosen.tp, "batch": chosen.batch, "ctx_buckets": list(chosen.ctx_buckets),
                           "tkg_buckets": list(chosen.tkg_buckets)}
         stair = prior.estimate(chosen.tp, chosen.batch, sp.search.buckets)

@@ -1,11 +1,12 @@
 """Evaluating candidates on predictions: feasibility, LENS composition, objectives, SLOs."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from lens.compose import UnitTable, predict
+from lens.compose import Prediction, UnitTable, predict
 from lens.errors import LensoptError
 from lens.metrics import summarize_prediction
 from lens.types import BucketProfile, Candidate, Requests
@@ -15,15 +16,22 @@ from .encoding import bucket_count_ok
 from .prior import memory_gib
 
 MEASURED_SOURCES = ("measured", "simulated")
+#: bytes of per-request predictions the evaluator's memo keeps; past it, memoised evaluations
+#: keep their metrics only (a large workload times thousands of bucket sets would not fit)
+PREDICTION_MEMO_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
 class Evaluation:
+    """A candidate predicted on the workload: its metrics, per-request prediction and provenance."""
+
     candidate: Candidate
     metrics: Mapping[str, float] = field(default_factory=dict)
     #: where the per-bucket numbers came from: "measured", "simulated" or "estimate:<prior>"
     source: str = ""
     infeasible: str | None = None
+    #: the per-request prediction behind ``metrics`` (None when infeasible, or dropped by the memo)
+    prediction: Prediction | None = field(default=None, compare=False, repr=False)
 
     @property
     def measured(self) -> bool:
@@ -52,6 +60,7 @@ class Evaluator:
         self._unit_check = unit_check
         self._prior_cache: dict[tuple[int, int], dict[int, BucketProfile] | None] = {}
         self._memo: dict[Candidate, Evaluation] = {}
+        self._memo_bytes = 0
 
     # -- profiles -----------------------------------------------------------------------
     def set_measured(self, unit: tuple[int, int], profiles: Mapping[int, BucketProfile]) -> None:
@@ -59,6 +68,7 @@ class Evaluator:
         self.measured.setdefault(unit, {}).update(profiles)
         self._prior_cache.clear()  # scaling priors lean on the measured units
         self._memo.clear()
+        self._memo_bytes = 0
 
     def set_failed(self, unit: tuple[int, int], reason: str) -> None:
         self.failed[unit] = reason
@@ -112,12 +122,21 @@ class Evaluator:
         return None
 
     # -- evaluation ---------------------------------------------------------------------
-    def evaluate(self, c: Candidate) -> Evaluation:
+    def evaluate(self, c: Candidate, *, with_prediction: bool = False) -> Evaluation:
+        """``c`` predicted (memoised); ``with_prediction`` guarantees the per-request prediction."""
         hit = self._memo.get(c)
-        if hit is not None:
+        if hit is not None and (hit.prediction is not None or not with_prediction or not hit.metrics):
             return hit
         ev = self._evaluate(c)
-        self._memo[c] = ev
+        keep = ev
+        if ev.prediction is not None:
+            size = sum(a.nbytes for a in (ev.prediction.ttft_s, ev.prediction.tpot_s, ev.prediction.e2e_s,
+                                          ev.prediction.batch_s))
+            if self._memo_bytes + size > PREDICTION_MEMO_BYTES:
+                keep = dataclasses.replace(ev, prediction=None)
+            else:
+                self._memo_bytes += size
+        self._memo[c] = keep
         return ev
 
     def _evaluate(self, c: Candidate) -> Evaluation:
@@ -138,7 +157,7 @@ class Evaluator:
             metrics["throughput_tok_s_per_host"] = metrics["throughput_tok_s_per_chip"] * (cph // c.tp) * c.tp
         if not all(math.isfinite(metrics[k]) for k in (self.space.objectives.throughput, self.space.objectives.latency)):
             return Evaluation(c, infeasible="objective is undefined for this workload (e.g. TPOT of one-token outputs)")
-        return Evaluation(c, metrics=metrics, source=source)
+        return Evaluation(c, metrics=metrics, source=source, prediction=pred)
 
     def reevaluate(self, candidates) -> list[Evaluation]:
         return [self.evaluate(c) for c in candidates]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import platform
 import signal
@@ -47,23 +46,17 @@ from spaces import load_requests
 from store import ProfileCache, new_claimant_id, resolve_cache_path
 
 from .dispatch import Dispatcher
-from .encoding import all_candidates, params_of, suggest
+from .encoding import params_of, suggest
 from .evaluate import Evaluation, Evaluator
-from .pareto import pareto_mask
 from .prior import AmaliPrior, ScalingPrior
 from .profiler import UnitMeasurement, store
+from .selection import (
+    anchor_unit, by_latency, front_of, knee, measured_sweep, nearest, promising_units, spread_pick,
+)
 from .study import DEFAULT_SAMPLER, check_sampler, make_sampler
 
 #: seconds between two looks at a unit another process is profiling
 CLAIM_POLL_S = 1.0
-#: candidates within this factor of the front on both objectives make their unit promising
-NEAR_FRONT = 0.0
-#: most units profiled per round: later rounds see better priors, so fewer wasted units
-UNITS_PER_ROUND = 4
-#: a unit is profiled only if its candidates could add this share of the front's hypervolume
-MIN_HV_GAIN = 0.0
-#: most bucket sets of one measured unit evaluated exhaustively
-SWEEP_CAP = 4096
 
 
 @dataclass
@@ -306,7 +299,8 @@ def confirm_run(
         with ProfileCache.open(cache_path, create=False) as pc:
             for tp, b in {(int(r.tp), int(r.batch)) for r in front.itertuples()}:
                 state.ev.set_measured((tp, b), pc.get_unit(fp, tp, b))
-        state.front_evals = [state.ev.evaluate(_cand_from_row(front.iloc[i])) for i in range(len(front))]
+        state.front_evals = [state.ev.evaluate(_cand_from_row(front.iloc[i]), with_prediction=True)
+                             for i in range(len(front))]
         state.dispatcher = dispatcher
         conf = state.confirm(front, k)
     finally:
@@ -407,7 +401,7 @@ class _State:
             self.log(f"profiling every feasible unit ({len(todo)}) as asked")
             self.profile(todo)
         if not self.ev.measured and amali is None:
-            anchor = self._anchor()
+            anchor = anchor_unit(sp.search, lambda t, b: self.ev.infeasible_reason(self._full(t, b)))
             if anchor is None:
                 raise UserError("no unit of the space is feasible: " + "; ".join(
                     f"tp{t} b{b}: {self.ev.infeasible_reason(self._full(t, b))}" for t, b in self.units()))
@@ -419,15 +413,6 @@ class _State:
     def _full(self, tp: int, batch: int) -> Candidate:
         b = self.sp.search.buckets
         return Candidate(tp, batch, b, b)
-
-    def _anchor(self) -> tuple[int, int] | None:
-        batches = self.sp.search.batch
-        order = sorted(batches, key=lambda b: abs(math.log2(b) - math.log2(batches[len(batches) // 2])))
-        for tp in self.sp.search.tp:
-            for b in order:
-                if self.ev.infeasible_reason(self._full(tp, b)) is None:
-                    return (tp, b)
-        return None
 
     # -- profiling -----------------------------------------------------------------------
     def budget_left(self) -> bool:
@@ -565,9 +550,9 @@ class _State:
                 self.log(f"profiling {len(promising)} promising unit(s): " + ", ".join(
                     f"tp{t}xb{b} [{' '.join(map(str, bk))}]" for (t, b), bk in promising.items()))
                 self.profile(promising)
-                for c in self._front_candidates(measured_only=False):
-                    if (c.tp, c.batch) in promising:
-                        st.enqueue_trial(params_of(c, self.sp.search), skip_if_exists=False)
+                for e in front_of(self._evals(measured_only=False), self.sp):
+                    if (e.candidate.tp, e.candidate.batch) in promising:
+                        st.enqueue_trial(params_of(e.candidate, self.sp.search), skip_if_exists=False)
                 continue
             if done >= n_trials:
                 break
@@ -598,31 +583,13 @@ class _State:
         self.journal.append(rec)
 
     def distinct_candidates(self) -> list[Candidate]:
-        """Every candidate a trial proposed, plus every bucket set of the measured units.
-
-        Predictions are cheap once a unit is measured, so all of its bucket sets are
-        evaluated rather than left to the sampler to stumble on (at most SWEEP_CAP per unit).
-        """
-        seen = {}
-        for rec in self.trial_log:
-            c = _cand_from(rec["candidate"])
-            seen[c] = None
-        for c in self._sweep():
-            seen[c] = None
-        return list(seen)
-
-    def _sweep(self) -> list[Candidate]:
+        """Every candidate a trial proposed, plus every bucket set of the measured units."""
+        seen = dict.fromkeys(_cand_from(rec["candidate"]) for rec in self.trial_log)
         key = tuple(sorted((u, tuple(sorted(p))) for u, p in self.ev.measured.items()))
         if getattr(self, "_sweep_key", None) != key:
-            out = []
-            by_unit: dict[tuple[int, int], list[Candidate]] = {}
-            for c in all_candidates(self.sp.search):
-                by_unit.setdefault((c.tp, c.batch), []).append(c)
-            for unit, prof in self.ev.measured.items():
-                cands = [c for c in by_unit.get(unit, []) if all(b in prof for b in c.all_buckets)]
-                out.extend(cands[:SWEEP_CAP])
-            self._sweep_key, self._sweep_list = key, out
-        return self._sweep_list
+            self._sweep_key, self._sweep_list = key, measured_sweep(self.sp.search, self.ev.measured)
+        seen.update(dict.fromkeys(self._sweep_list))
+        return list(seen)
 
     def _evals(self, *, measured_only: bool) -> list[Evaluation]:
         out = []
@@ -635,81 +602,23 @@ class _State:
             out.append(ev)
         return out
 
-    def _front_of(self, evs: list[Evaluation]) -> list[Evaluation]:
-        ok = [e for e in evs if e.meets_slo(self.sp)]
-        if not ok:
-            return []
-        # bucket sets that predict exactly alike (a bucket no request uses): keep the one
-        # with fewest buckets, the cheapest to compile and to hold in device memory
-        best: dict[tuple[float, float], Evaluation] = {}
-        for e in sorted(ok, key=lambda e: (len(e.candidate.ctx_buckets) + len(e.candidate.tkg_buckets), e.candidate.label())):
-            best.setdefault(tuple(e.values(self.sp)), e)
-        ok = list(best.values())
-        vals = np.array([e.values(self.sp) for e in ok])
-        mask = pareto_mask(vals[:, 0], vals[:, 1])
-        return [e for e, m in zip(ok, mask) if m]
-
-    def _front_candidates(self, *, measured_only: bool) -> list[Candidate]:
-        return [e.candidate for e in self._front_of(self._evals(measured_only=measured_only))]
-
     def promising_units(self) -> dict[tuple[int, int], list[int]]:
-        """Unmeasured buckets of the units of candidates on (or within NEAR_FRONT of) the estimated front."""
-        evs = self._evals(measured_only=False)
-        front = self._front_of(evs)
-        if not front:
-            # nothing meets the SLO yet: the candidates closest to meeting it are the promising ones
-            front = sorted(evs, key=lambda e: _violation_score(e, self.sp))[:3]
-        fv = np.array([e.values(self.sp) for e in front]) if front else np.zeros((0, 2))
-        slo_reachable = bool(front) and front[0].meets_slo(self.sp)
-        out: dict[tuple[int, int], set[int]] = {}
-        gain: dict[tuple[int, int], float] = {}
-        for e in evs:
-            unit = (e.candidate.tp, e.candidate.batch)
-            if e.measured or unit in self.ev.failed:
-                continue
-            if slo_reachable and not e.meets_slo(self.sp):
-                continue
-            t, l = e.values(self.sp)
-            near = np.any((t * (1 + NEAR_FRONT) >= fv[:, 0]) & (l * (1 - NEAR_FRONT) <= fv[:, 1])) if len(fv) else True
-            if near:
-                out.setdefault(unit, set()).update(self.ev.missing(e.candidate))
-                gain[unit] = max(gain.get(unit, 0.0), self._hv_gain(e, front))
-        if front and len(fv):
-            # a unit whose candidates would add under MIN_HV_GAIN of the front's hypervolume
-            # is not worth a compilation: the prior ranks, the threshold stops the search
-            from .pareto import hypervolume
-
-            total = hypervolume(fv[:, 0], fv[:, 1], ref_latency=float(fv[:, 1].max() * 1.1))
-            out = {u: b for u, b in out.items() if total <= 0 or gain[u] >= MIN_HV_GAIN * total}
-        best = sorted(out, key=lambda u: -gain[u])[:UNITS_PER_ROUND]
-        return {u: sorted(out[u]) for u in sorted(best)}
-
-    def _hv_gain(self, e: Evaluation, front: list[Evaluation]) -> float:
-        """Hypervolume the front would lose without ``e`` (its exclusive contribution)."""
-        from .pareto import hypervolume
-
-        vals = np.array([f.values(self.sp) for f in front])
-        ref = float(vals[:, 1].max() * 1.1)
-        others = [f for f in front if f.candidate != e.candidate]
-        ov = np.array([f.values(self.sp) for f in others]) if others else np.zeros((0, 2))
-        return hypervolume(vals[:, 0], vals[:, 1], ref_latency=ref) - hypervolume(ov[:, 0], ov[:, 1], ref_latency=ref)
+        return promising_units(self._evals(measured_only=False), self.sp, failed=self.ev.failed, missing=self.ev.missing)
 
     def front(self) -> pd.DataFrame:
         evs = self._evals(measured_only=True)
-        front = self._front_of(evs)
+        front = by_latency(front_of(evs, self.sp), self.sp)
         self.info["slo_met"] = bool(front) or not self.sp.slo
+        front = [self.ev.evaluate(e.candidate, with_prediction=True) for e in front]  # confirmation reads them
         self.front_evals = front
         if not front and evs:
-            near = sorted(evs, key=lambda e: _violation_score(e, self.sp))[:5]
-            self.nearest = near
+            self.nearest = nearest(evs, self.sp)
             self.log("no candidate meets the SLO " + ", ".join(f"{k} <= {v:g}" for k, v in self.sp.slo)
                      + "; the nearest candidates are in report.md")
         else:
             self.nearest = []
-        rows = [_eval_row(e, self.sp) for e in front]
-        df = pd.DataFrame(rows)
+        df = pd.DataFrame([_eval_row(e, self.sp) for e in front])
         if len(df):
-            df = df.sort_values(self.sp.objectives.latency).reset_index(drop=True)
             df.insert(0, "rank", range(1, len(df) + 1))
         return df
 
@@ -717,8 +626,8 @@ class _State:
     def confirm(self, front: pd.DataFrame, k: int) -> pd.DataFrame | None:
         if front.empty:
             return None
-        picks = _spread_pick(len(front), k)
-        cands = [_cand_from_row(front.iloc[i]) for i in picks]
+        picks = spread_pick(len(self.front_evals), k)
+        cands = [self.front_evals[i].candidate for i in picks]
         by_cand = {e.candidate: e for e in self.front_evals}
         rows = []
         cap = self.sp.budget.confirm_s
@@ -736,7 +645,7 @@ class _State:
                 self.info["confirm_hardware_s"] += wr.compile_s + wr.run_s
                 meas = summarize(self.reqs, ttft_s=wr.ttft_s, e2e_s=wr.e2e_s, total_s=wr.total_s, chips=c.tp)
                 row.update(_compare(ev.metrics, meas, self.sp, wr.simulated))
-                per_req = np.abs(ev_pred_e2e(self, c) - wr.e2e_s) / wr.e2e_s
+                per_req = np.abs(ev.prediction.e2e_s - wr.e2e_s) / wr.e2e_s
                 row["e2e_request_mape_%"] = float(per_req.mean() * 100)
                 row["flagged"] = any(abs(row[f"{m}_err_%"]) > self.sp.budget.tolerance * 100 for m in _CONFIRM_METRICS)
             rows.append(row)
@@ -802,7 +711,7 @@ class _State:
             front = _mark_confirmed(front, confirm)
         front.to_csv(rd / "pareto.csv", index=False)
         if len(front):
-            chosen = _cand_from_row(front.iloc[_knee(front, self.sp)])
+            chosen = knee(self.front_evals, self.sp).candidate
             info["chosen"] = _cand_dict(chosen)
             write_deploy(rd / "deploy", self.sp, chosen, self.runner)
             stair = self.ev.measured.get((chosen.tp, chosen.batch), {})
@@ -818,13 +727,6 @@ _CONFIRM_METRICS = ("throughput_tok_s", "e2e_p90_s", "ttft_p50_s", "tpot_p50_s")
 _REPORT_METRICS = ("throughput_tok_s", "throughput_tok_s_per_chip", "throughput_tok_s_per_host", "ttft_mean_s", "ttft_p50_s",
                    "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "e2e_mean_s",
                    "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "prefill_padding", "decode_padding", "total_s")
-
-
-def ev_pred_e2e(state: _State, c: Candidate) -> np.ndarray:
-    from lens.compose import UnitTable, predict
-
-    prof = state.ev.measured[(c.tp, c.batch)]
-    return predict(UnitTable.build(c, prof, policy=state.sp.target.bucket_policy), state.reqs, mode=state.sp.target.batching).e2e_s
 
 
 def _compare(pred: dict, meas: dict, sp: Space, simulated: bool) -> dict:
@@ -844,28 +746,6 @@ def _mark_confirmed(front: pd.DataFrame, confirm: pd.DataFrame) -> pd.DataFrame:
     out = front.drop(columns=[x for x in ("confirmed", "flagged") if x in front], errors="ignore").merge(c, on=key, how="left")
     out["confirmed"] = out["confirmed"].fillna(False).astype(bool)
     return out
-
-
-def _spread_pick(n: int, k: int) -> list[int]:
-    """k indices spread evenly along a front of n (both ends included)."""
-    if k >= n:
-        return list(range(n))
-    if k == 1:
-        return [n - 1]
-    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
-
-
-def _knee(front: pd.DataFrame, sp: Space) -> int:
-    """The front point closest to the ideal corner in normalised objective space."""
-    t = front[sp.objectives.throughput].to_numpy(float)
-    l = front[sp.objectives.latency].to_numpy(float)
-    tn = (t - t.min()) / (np.ptp(t) or 1)
-    ln = (l - l.min()) / (np.ptp(l) or 1)
-    return int(np.argmin((1 - tn) ** 2 + ln ** 2))
-
-
-def _violation_score(e: Evaluation, sp: Space) -> float:
-    return sum(max(v, 0) / lim for (k, lim), v in zip(sp.slo, e.violations(sp).values()))
 
 
 def _eval_row(e: Evaluation, sp: Space) -> dict:

@@ -1,0 +1,161 @@
+"""Choosing on predictions: the Pareto front, the promising units, the knee, the spread pick.
+
+Pure functions of ``Evaluation`` records and the space's objectives and SLOs: no Ray, no
+Optuna, no files. The throughput objective is maximised and the latency one minimised.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Container, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from lens.types import BucketProfile, Candidate
+from spaces import SearchSpace, Space
+
+from .encoding import all_candidates
+from .evaluate import Evaluation
+from .pareto import hypervolume, pareto_mask
+
+#: candidates within this factor of the front on both objectives make their unit promising
+NEAR_FRONT = 0.0
+#: most units profiled per round: later rounds see better priors, so fewer wasted units
+UNITS_PER_ROUND = 4
+#: a unit is profiled only if its candidates could add this share of the front's hypervolume
+MIN_HV_GAIN = 0.0
+#: most bucket sets of one measured unit evaluated exhaustively
+SWEEP_CAP = 4096
+#: candidates shown as the nearest ones when none meets the SLO
+NEAREST = 5
+
+Unit = tuple[int, int]
+
+
+def front_of(evals: Iterable[Evaluation], space: Space) -> list[Evaluation]:
+    """The evaluations that meet the SLO and that no other one dominates.
+
+    Bucket sets that predict exactly alike (a bucket no request uses) keep only the one
+    with the fewest buckets: the cheapest to compile and to hold in device memory.
+    """
+    ok = [e for e in evals if e.meets_slo(space)]
+    if not ok:
+        return []
+    best: dict[tuple[float, float], Evaluation] = {}
+    for e in sorted(ok, key=lambda e: (len(e.candidate.ctx_buckets) + len(e.candidate.tkg_buckets), e.candidate.label())):
+        best.setdefault(tuple(e.values(space)), e)
+    ok = list(best.values())
+    vals = np.array([e.values(space) for e in ok])
+    return [e for e, m in zip(ok, pareto_mask(vals[:, 0], vals[:, 1])) if m]
+
+
+def by_latency(front: Sequence[Evaluation], space: Space) -> list[Evaluation]:
+    """The front in the order it is reported and confirmed: lowest latency first."""
+    return sorted(front, key=lambda e: e.metrics[space.objectives.latency])
+
+
+def violation_score(e: Evaluation, space: Space) -> float:
+    """How far a candidate is from meeting the SLO, each limit's excess relative to it."""
+    return sum(max(v, 0) / lim for (k, lim), v in zip(space.slo, e.violations(space).values()))
+
+
+def nearest(evals: Iterable[Evaluation], space: Space, n: int = NEAREST) -> list[Evaluation]:
+    """The ``n`` candidates closest to meeting the SLO."""
+    return sorted(evals, key=lambda e: violation_score(e, space))[:n]
+
+
+def hv_gain(e: Evaluation, front: Sequence[Evaluation], space: Space) -> float:
+    """Hypervolume the front would lose without ``e`` (its exclusive contribution)."""
+    vals = np.array([f.values(space) for f in front])
+    ref = float(vals[:, 1].max() * 1.1)
+    others = [f for f in front if f.candidate != e.candidate]
+    ov = np.array([f.values(space) for f in others]) if others else np.zeros((0, 2))
+    return hypervolume(vals[:, 0], vals[:, 1], ref_latency=ref) - hypervolume(ov[:, 0], ov[:, 1], ref_latency=ref)
+
+
+def promising_units(
+    evals: Sequence[Evaluation],
+    space: Space,
+    *,
+    failed: Container[Unit],
+    missing: Callable[[Candidate], Iterable[int]],
+    near: float = NEAR_FRONT,
+    per_round: int = UNITS_PER_ROUND,
+    min_gain: float = MIN_HV_GAIN,
+) -> dict[Unit, list[int]]:
+    """Unmeasured buckets of the units of candidates on (or within ``near`` of) the front.
+
+    ``evals`` are every evaluated candidate, estimated or measured; ``missing(c)`` lists the
+    buckets a candidate needs that its unit has no measured profile for. The units are
+    ranked by the hypervolume their candidates could add; at most ``per_round`` of them.
+    """
+    front = front_of(evals, space)
+    if not front:
+        # nothing meets the SLO yet: the candidates closest to meeting it are the promising ones
+        front = nearest(evals, space, 3)
+    fv = np.array([e.values(space) for e in front]) if front else np.zeros((0, 2))
+    slo_reachable = bool(front) and front[0].meets_slo(space)
+    out: dict[Unit, set[int]] = {}
+    gain: dict[Unit, float] = {}
+    for e in evals:
+        unit = (e.candidate.tp, e.candidate.batch)
+        if e.measured or unit in failed:
+            continue
+        if slo_reachable and not e.meets_slo(space):
+            continue
+        t, l = e.values(space)
+        close = np.any((t * (1 + near) >= fv[:, 0]) & (l * (1 - near) <= fv[:, 1])) if len(fv) else True
+        if close:
+            out.setdefault(unit, set()).update(missing(e.candidate))
+            gain[unit] = max(gain.get(unit, 0.0), hv_gain(e, front, space))
+    if front and len(fv):
+        # a unit whose candidates would add under min_gain of the front's hypervolume is not
+        # worth a compilation: the prior ranks, the threshold stops the search
+        total = hypervolume(fv[:, 0], fv[:, 1], ref_latency=float(fv[:, 1].max() * 1.1))
+        out = {u: b for u, b in out.items() if total <= 0 or gain[u] >= min_gain * total}
+    best = sorted(out, key=lambda u: -gain[u])[:per_round]
+    return {u: sorted(out[u]) for u in sorted(best)}
+
+
+def knee(front: Sequence[Evaluation], space: Space) -> Evaluation:
+    """The front point closest to the ideal corner in normalised objective space."""
+    t = np.array([e.metrics[space.objectives.throughput] for e in front], dtype=float)
+    l = np.array([e.metrics[space.objectives.latency] for e in front], dtype=float)
+    tn = (t - t.min()) / (np.ptp(t) or 1)
+    ln = (l - l.min()) / (np.ptp(l) or 1)
+    return front[int(np.argmin((1 - tn) ** 2 + ln ** 2))]
+
+
+def spread_pick(n: int, k: int) -> list[int]:
+    """k indices spread evenly along a front of n (both ends included)."""
+    if k >= n:
+        return list(range(n))
+    if k == 1:
+        return [n - 1]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def measured_sweep(space: SearchSpace, measured: Mapping[Unit, Mapping[int, BucketProfile]],
+                   cap: int = SWEEP_CAP) -> list[Candidate]:
+    """Every bucket set of each measured unit that its profiles cover (at most ``cap`` per unit).
+
+    Predictions are cheap once a unit is measured, so all of its bucket sets are evaluated
+    rather than left to the sampler to stumble on.
+    """
+    by_unit: dict[Unit, list[Candidate]] = {}
+    for c in all_candidates(space):
+        by_unit.setdefault((c.tp, c.batch), []).append(c)
+    out = []
+    for unit, prof in measured.items():
+        out.extend([c for c in by_unit.get(unit, []) if all(b in prof for b in c.all_buckets)][:cap])
+    return out
+
+
+def anchor_unit(space: SearchSpace, infeasible: Callable[[int, int], str | None]) -> Unit | None:
+    """The unit profiled first when nothing is measured: the smallest tp, a middling batch."""
+    batches = space.batch
+    order = sorted(batches, key=lambda b: abs(math.log2(b) - math.log2(batches[len(batches) // 2])))
+    for tp in space.tp:
+        for b in order:
+            if infeasible(tp, b) is None:
+                return (tp, b)
+    return None

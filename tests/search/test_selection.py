@@ -1,0 +1,108 @@
+"""The selection rules on hand-made evaluations (no Ray, no Optuna, no profiles)."""
+from pathlib import Path
+
+import pytest
+
+from lens.types import Candidate, ModelShape, Target
+from search.evaluate import Evaluation
+from search.selection import (
+    anchor_unit, by_latency, front_of, hv_gain, knee, measured_sweep, nearest, promising_units, spread_pick,
+)
+from spaces import SearchSpace, Space
+
+T, L = "throughput_tok_s_per_chip", "e2e_p90_s"
+ALL = (64, 128, 256)
+
+
+def space(slo=()) -> Space:
+    target = Target(name="t", runner="sim", hardware="inf2", bucket_policy="exclusive", dtype="bfloat16",
+                    model=ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=100))
+    return Space(path=Path("s.toml"), sha256="", target=target,
+                 search=SearchSpace(tp=(1, 2), batch=(1, 2, 4, 8), buckets=ALL), slo=slo)
+
+
+def ev(tp, batch, t, l, buckets=ALL, source="measured") -> Evaluation:
+    return Evaluation(Candidate(tp, batch, tuple(buckets), tuple(buckets)), metrics={T: t, L: l}, source=source)
+
+
+def test_front_keeps_the_undominated_that_meet_the_slo():
+    sp = space(slo=((L, 5.0),))
+    a, b, c = ev(1, 1, 10, 1), ev(1, 2, 20, 2), ev(1, 4, 15, 3)  # c: dominated by b
+    d = ev(2, 8, 99, 6)  # the best throughput, but over the SLO
+    assert {e.candidate for e in front_of([a, b, c, d], sp)} == {a.candidate, b.candidate}
+    assert front_of([d], sp) == []
+
+
+def test_equal_predictions_keep_the_fewest_buckets():
+    sp = space()
+    full, lean = ev(1, 1, 10, 1, ALL), ev(1, 1, 10, 1, (128, 256))
+    assert front_of([full, lean], sp) == [lean]
+
+
+def test_by_latency_orders_lowest_latency_first():
+    sp = space()
+    f = by_latency([ev(1, 4, 30, 3), ev(1, 1, 10, 1), ev(1, 2, 20, 2)], sp)
+    assert [e.metrics[L] for e in f] == [1, 2, 3]
+
+
+def test_knee_is_the_point_nearest_the_ideal_corner():
+    sp = space()
+    # normalised: (0, 0), (0.8, 0.11), (1, 1): the middle one is closest to (1, 0)
+    f = [ev(1, 1, 10, 1), ev(1, 2, 50, 2), ev(1, 4, 60, 10)]
+    assert knee(f, sp) is f[1]
+    assert knee(f[:1], sp) is f[0]
+
+
+@pytest.mark.parametrize(("n", "k", "want"), [(5, 3, [0, 2, 4]), (5, 1, [4]), (2, 5, [0, 1]), (10, 4, [0, 3, 6, 9])])
+def test_spread_pick_covers_both_ends(n, k, want):
+    assert spread_pick(n, k) == want
+
+
+def test_hv_gain_is_each_points_exclusive_area():
+    sp = space()
+    a, b = ev(1, 1, 10, 1), ev(1, 2, 20, 2)
+    # reference latency 2.2: total = 10 * 1.2 + (20 - 10) * 0.2 = 14; without a: 20 * 0.2 = 4; without b: 12
+    assert hv_gain(a, [a, b], sp) == pytest.approx(10.0)
+    assert hv_gain(b, [a, b], sp) == pytest.approx(2.0)
+
+
+def test_promising_units_are_the_unmeasured_ones_on_the_front():
+    sp = space()
+    measured = ev(1, 1, 10, 1)
+    on_front = ev(1, 2, 30, 2, source="estimate:scaling")  # adds the most hypervolume
+    also = ev(2, 1, 12, 1.5, source="estimate:scaling")  # on the front too, adds less
+    behind = ev(1, 4, 5, 9, source="estimate:scaling")  # dominated: not worth profiling
+    broken = ev(2, 2, 31, 2.5, source="estimate:scaling")  # on the front, but its unit failed to profile
+    missing = {(1, 2): [64, 128], (2, 1): [256], (1, 4): [64], (2, 2): [64]}
+    got = promising_units([measured, on_front, also, behind, broken], sp, failed={(2, 2)},
+                          missing=lambda c: missing[(c.tp, c.batch)])
+    assert got == {(1, 2): [64, 128], (2, 1): [256]}
+    one = promising_units([measured, on_front, also, behind], sp, failed=(), per_round=1,
+                          missing=lambda c: missing[(c.tp, c.batch)])
+    assert one == {(1, 2): [64, 128]}  # ranked by the hypervolume it could add
+
+
+def test_with_no_candidate_meeting_the_slo_the_nearest_are_promising():
+    sp = space(slo=((L, 1.0),))
+    est = dict(source="estimate:scaling")
+    a, b, c = ev(1, 1, 10, 1.5, **est), ev(1, 2, 20, 3, **est), ev(1, 4, 30, 4, **est)
+    d = ev(2, 8, 90, 20, **est)  # the best throughput, but the farthest from the SLO
+    assert nearest([d, c, b, a], sp) == [a, b, c, d]
+    got = promising_units([a, b, c, d], sp, failed=(), missing=lambda c: [64])
+    assert got == {(1, 1): [64], (1, 2): [64], (1, 4): [64]}  # the three nearest, not d
+
+
+def test_measured_sweep_covers_the_sets_the_profiles_allow():
+    sp = space()
+    prof = {(1, 1): dict.fromkeys((128, 256)), (2, 4): dict.fromkeys(ALL)}
+    got = measured_sweep(sp.search, prof)
+    assert {c.all_buckets for c in got if (c.tp, c.batch) == (1, 1)} == {(256,), (128, 256)}
+    assert len([c for c in got if (c.tp, c.batch) == (2, 4)]) == 4  # every subset holding 256
+    assert len(measured_sweep(sp.search, prof, cap=1)) == 2
+
+
+def test_anchor_is_the_smallest_tp_at_a_middling_batch():
+    sp = space()
+    assert anchor_unit(sp.search, lambda tp, b: None) == (1, 4)
+    assert anchor_unit(sp.search, lambda tp, b: "no" if tp == 1 else None) == (2, 4)
+    assert anchor_unit(sp.search, lambda tp, b: "no") is None
