@@ -2,8 +2,8 @@
 
 Prints, as medians over repeated runs with their spread (min..max):
 - trials per second of the search loop (Optuna NSGA-II ask/tell, candidate decoding,
-  feasibility, LENS prediction of a 2,000-request workload, trial journal) on a space
-  whose units are all profiled (goal >= 500/s);
+  feasibility, LENS prediction of a 2,000-request workload, the trial appended to the
+  run's trial store) on a space whose units are all profiled (goal >= 500/s);
 - distinct-candidate predictions per second (memoisation off: every trial a new prediction);
 - the time to predict one 10,000-request workload (goal <= 20 ms).
 
@@ -31,8 +31,9 @@ from lens.types import Candidate  # noqa: E402
 from lens.workload import fit_to  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.encoding import all_candidates  # noqa: E402
+from search.evaluate import Evaluator  # noqa: E402
 from search.profiler import measure_unit  # noqa: E402
-from search.run import _State  # noqa: E402
+from search.study import DEFAULT_SAMPLER, STORE_FILE, SearchStudy, TrialStore  # noqa: E402
 from spaces import load_space  # noqa: E402
 
 
@@ -54,49 +55,48 @@ def main(argv=None) -> int:
     req2k, _ = fit_to(sample(args.workload, 2000, 0), sp.search.buckets[-1])
     req10k, _ = fit_to(sample(args.workload, 10_000, 1), sp.search.buckets[-1])
     tmp = Path(tempfile.mkdtemp())
-    state = _State(sp, req2k, tmp, runner.fingerprint(), tmp / "c.sqlite", runner, lambda m: None, False)
+    ev = Evaluator(sp, req2k)
     for tp in sp.search.tp:
         for b in sp.search.batch:
             try:
                 m = measure_unit(sp.target, tp=tp, batch=b, buckets=sp.search.buckets, all_buckets=sp.search.buckets,
                                  profile=sp.profile, runner=runner)
             except Exception as exc:  # e.g. a unit that does not fit the device: infeasible in the search too
-                state.ev.set_failed((tp, b), str(exc))
+                ev.set_failed((tp, b), str(exc))
                 continue
-            state.ev.set_measured((tp, b), m.profiles)
+            ev.set_measured((tp, b), m.profiles)
     sim = " (profiles from a SIMULATED device)" if runner.simulated else ""
-    print(f"space {args.space}{sim}: {len(state.ev.measured)} units profiled, "
+    print(f"space {args.space}{sim}: {len(ev.measured)} units profiled, "
           f"{sum(1 for _ in all_candidates(sp.search))} candidates; workload {args.workload}: "
           f"{len(req2k)} requests in the loop, {len(req10k)} in the single prediction")
 
     loop_rates, fresh_rates = [], []
     for r in range(args.repeats):
-        st = optuna.create_study(directions=["maximize", "minimize"],
-                                 sampler=optuna.samplers.NSGAIISampler(seed=r, population_size=50))
-        state.trial_log.clear()
-        state.journal.path = tmp / f"trials{r}.jsonl"
-        state.ev._memo.clear()
+        run_dir = tmp / f"run{r}"
+        run_dir.mkdir()
+        study = SearchStudy(sp, TrialStore(run_dir / STORE_FILE, study_name=f"run{r}", space=sp),
+                            sampler=DEFAULT_SAMPLER, study_name=f"run{r}", seed=r)
+        ev.forget()
         t0 = time.perf_counter()
         for _ in range(args.trials):
-            state._one_trial(st)
+            study.trial(ev)
         loop_rates.append(args.trials / (time.perf_counter() - t0))
         # every candidate predicted afresh (no memo): the cost of one LENS prediction per trial
         cands = list(all_candidates(sp.search))
         rng = np.random.default_rng(r)
         pick = [cands[i] for i in rng.choice(len(cands), size=min(300, len(cands)), replace=False)]
-        state.ev._memo.clear()
         t0 = time.perf_counter()
         for c in pick:
-            state.ev._memo.clear()
-            state.ev.evaluate(c)
+            ev.forget()
+            ev.evaluate(c)
         fresh_rates.append(len(pick) / (time.perf_counter() - t0))
 
-    unit = max(state.ev.measured, key=lambda u: u[1])
+    unit = max(ev.measured, key=lambda u: u[1])
     c = Candidate(unit[0], unit[1], sp.search.buckets, sp.search.buckets)
     pred_ms = []
     for _ in range(max(20, args.repeats * 4)):
         t0 = time.perf_counter()
-        tbl = UnitTable.build(c, state.ev.measured[unit], policy=sp.target.bucket_policy)
+        tbl = UnitTable.build(c, ev.measured[unit], policy=sp.target.bucket_policy)
         p = predict(tbl, req10k, mode=sp.target.batching)
         summarize_prediction(req10k, p, chips=c.tp)
         pred_ms.append((time.perf_counter() - t0) * 1e3)

@@ -140,13 +140,14 @@ def requests_from_args(args, batch: int) -> Requests:
     return Requests(np.asarray(ins), np.asarray(outs), name="cli")
 
 
-def _clean(v: Any) -> Any:
+def json_safe(v: Any) -> Any:
+    """``v`` with numpy values as Python ones and non-finite floats as None (JSON has no NaN)."""
     if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
+        return [json_safe(x) for x in v]
     if isinstance(v, np.ndarray):
-        return [_clean(x) for x in v.tolist()]
+        return [json_safe(x) for x in v.tolist()]
     if isinstance(v, (np.floating, float)):
         f = float(v)
         return None if not math.isfinite(f) else f
@@ -156,7 +157,7 @@ def _clean(v: Any) -> Any:
 
 
 def print_json(obj: Any) -> None:
-    json.dump(_clean(obj), sys.stdout, indent=2)
+    json.dump(json_safe(obj), sys.stdout, indent=2)
     sys.stdout.write("\n")
 
 

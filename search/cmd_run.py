@@ -52,10 +52,10 @@ def _quiet(args):
 
 def print_front(res, space_objectives=None) -> None:
     f = res.front
-    info = res.info
-    sim = " (SIMULATED device)" if info.get("simulated") else ""
-    if info.get("estimate_only"):
-        sim = f" (ESTIMATES from the {info.get('estimator')} model, nothing measured)"
+    ledger = res.ledger
+    sim = " (SIMULATED device)" if ledger.simulated else ""
+    if ledger.estimate_only:
+        sim = f" (ESTIMATES from the {ledger.estimator} model, nothing measured)"
     if f.empty:
         print("no Pareto front: no candidate predicted from measured profiles meets the constraints; see report.md")
     else:
@@ -67,7 +67,7 @@ def print_front(res, space_objectives=None) -> None:
                          f"{d['throughput_tok_s']:.1f}", f"{d['throughput_tok_s_per_chip']:.1f}", fmt_s(d["ttft_p50_s"]),
                          fmt_s(d["tpot_p50_s"]), fmt_s(d["e2e_p90_s"]),
                          ("yes" + (" FLAGGED" if d.get("flagged") is True else "")) if d.get("confirmed") is True else ""])
-        how = "estimated" if info.get("estimate_only") else "predicted from measured profiles"
+        how = "estimated" if ledger.estimate_only else "predicted from measured profiles"
         print(f"\nPareto front{sim}: throughput vs latency, {how}")
         print(table(rows, ["#", "tp", "batch", "buckets", "tok/s", "tok/s/chip", "TTFT p50", "TPOT p50", "E2E p90", "confirmed"]))
     c = res.confirm
@@ -83,9 +83,9 @@ def print_front(res, space_objectives=None) -> None:
                          f"{fmt_s(r['e2e_p90_s_predicted'])} / {fmt_s(r['e2e_p90_s_measured'])} ({r['e2e_p90_s_err_%']:+.1f}%)",
                          f"{r['e2e_request_mape_%']:.1f}%", "FLAGGED" if r["flagged"] else "ok"])
         print(table(rows, ["tp", "batch", "buckets", "tok/s pred / meas", "E2E p90 pred / meas", "per-request E2E err", ""]))
-    print(f"\nunits: {len(info.get('units_measured', []))} measured this run, {len(info.get('units_reused', []))} reused; "
-          f"profiling tasks this run: {info.get('profile_tasks_this_run', 0)}; hardware seconds{sim}: profiling "
-          f"{info.get('profile_hardware_s', 0):.1f}, confirmation {info.get('confirm_hardware_s', 0):.1f}")
+    print(f"\nunits: {len(ledger.units_measured)} measured this run, {len(ledger.units_reused)} reused; "
+          f"profiling tasks this run: {ledger.profile_tasks_this_run}; hardware seconds{sim}: profiling "
+          f"{ledger.profile_hardware_s:.1f}, confirmation {ledger.confirm_hardware_s:.1f}")
     names = ["report.md", "report.html", "pareto.csv", "trials.csv", "confirm.csv", "run.json", "deploy"]
     have = [n + ("/" if n == "deploy" else "") for n in names if (res.run_dir / n).exists()]
     print(f"results: {res.run_dir}/ ({', '.join(have)})")

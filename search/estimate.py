@@ -23,6 +23,10 @@ from spaces import load_requests
 from .encoding import all_candidates
 from .evaluate import Evaluator
 from .prior import AmaliPrior
+from .ledger import RunLedger
+from .results import (
+    SearchResult, candidate_cells, default_run_name, eval_row, prepare_dir, results_error, write_front, write_ledger,
+)
 from .selection import by_latency, front_of, knee
 
 #: more candidates than this are sampled at random instead of enumerated
@@ -39,7 +43,6 @@ def estimate_run(
     seed: int | None = None,
     log: Callable[[str], None] = print,
 ):
-    from .run import SearchResult, _eval_row, _prepare_dir, _write_json, default_run_name
     from .report import write_report
 
     sp = space if isinstance(space, Space) else load_space(space)
@@ -59,7 +62,7 @@ def estimate_run(
         mem = gpu_spec(t.hardware).memory_gb * 1e9 / 2**30
         sp = dataclasses.replace(sp, hosts=dataclasses.replace(sp.hosts, memory_gib_per_chip=mem))
     run_dir = Path(results_dir) / (name or default_run_name(sp, ["estimate", workload, requests, seed]))
-    _prepare_dir(run_dir, fresh=True)
+    prepare_dir(run_dir, fresh=True)
     t0 = time.time()
     ev = Evaluator(sp, reqs)
     ev.priors.append(_UnitCachedPrior(prior, sp.search.buckets))
@@ -73,35 +76,29 @@ def estimate_run(
     rows = []
     for e in evals:
         c = e.candidate
-        row = {"trial": len(rows), "state": "COMPLETE" if e.metrics else "FAIL", "tp": c.tp, "batch": c.batch,
-               "ctx_buckets": " ".join(map(str, c.ctx_buckets)), "tkg_buckets": " ".join(map(str, c.tkg_buckets)),
+        row = {"trial": len(rows), "state": "COMPLETE" if e.metrics else "FAIL", **candidate_cells(c),
                "source_at_trial": e.source, "source_now": e.source, "infeasible": e.infeasible or ""}
         if e.metrics:
-            row.update(_eval_row(e, sp))
+            row.update(eval_row(e, sp))
             row["meets_slo"] = e.meets_slo(sp)
         rows.append(row)
     trials = pd.DataFrame(rows)
     front_evals = by_latency(front_of([e for e in evals if e.metrics and not e.infeasible], sp), sp)
-    front = pd.DataFrame([_eval_row(e, sp) for e in front_evals])
-    if len(front):
-        front.insert(0, "rank", range(1, len(front) + 1))
-    info = {"run": run_dir.name, "space": str(sp.path), "space_sha256": sp.sha256, "estimate_only": True,
-            "estimator": prior.name, "gpu": t.hardware, "target": t.to_dict(), "workload": wdesc.to_json(),
-            "trials": len(cands), "units_measured": [], "units_reused": [], "units_failed": {},
-            "profile_hardware_s": 0.0, "confirm_hardware_s": 0.0, "profile_tasks_this_run": 0,
-            "simulated": False, "state": "complete", "wall_s": time.time() - t0, "slo_met": bool(front_evals) or not sp.slo}
-    trials.to_csv(run_dir / "trials.csv", index=False)
-    front.to_csv(run_dir / "pareto.csv", index=False)
-    chosen, stair = None, {}
-    if len(front):
-        chosen = knee(front_evals, sp).candidate
-        info["chosen"] = {"tp": chosen.tp, "batch": chosen.batch, "ctx_buckets": list(chosen.ctx_buckets),
-                          "tkg_buckets": list(chosen.tkg_buckets)}
-        stair = prior.estimate(chosen.tp, chosen.batch, sp.search.buckets)
-    _write_json(run_dir / "run.json", info)
-    write_report(run_dir, space=sp, front=front, trials=trials, confirm=None, info=info, chosen=chosen,
+    chosen = knee(front_evals, sp).candidate if front_evals else None
+    ledger = RunLedger(run=run_dir.name, space=str(sp.path), space_sha256=sp.sha256, estimate_only=True,
+                       estimator=prior.name, gpu=t.hardware, target=t, workload=wdesc, trials=len(cands),
+                       state="complete", wall_s=time.time() - t0, slo_met=bool(front_evals) or not sp.slo,
+                       front=[e.candidate for e in front_evals], chosen=chosen)
+    try:
+        trials.to_csv(run_dir / "trials.csv", index=False)
+    except OSError as exc:
+        raise results_error(run_dir / "trials.csv", exc) from None
+    front = write_front(run_dir, front_evals, sp)
+    stair = prior.estimate(chosen.tp, chosen.batch, sp.search.buckets) if chosen else {}
+    write_ledger(run_dir, ledger)
+    write_report(run_dir, space=sp, front=front, trials=trials, confirm=None, ledger=ledger, chosen=chosen,
                  staircase=stair, nearest=[])
-    return SearchResult(run_dir, front, trials, None, info)
+    return SearchResult(run_dir, front, trials, None, ledger)
 
 
 class _UnitCachedPrior:

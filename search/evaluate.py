@@ -67,6 +67,10 @@ class Evaluator:
         """Add measured bucket profiles of a unit (a unit may hold only some buckets)."""
         self.measured.setdefault(unit, {}).update(profiles)
         self._prior_cache.clear()  # scaling priors lean on the measured units
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop every memoised evaluation (the next ``evaluate`` of each candidate predicts afresh)."""
         self._memo.clear()
         self._memo_bytes = 0
 

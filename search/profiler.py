@@ -15,14 +15,21 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from lens.errors import LensoptError, RunnerError, UserError
 from lens.probes import NoisyMeasurement, assess, check_probe, pair_runs, plan_probes, solve
 from lens.types import BucketProfile, ProbeRun, Target, Unit
 from runners import Runner, get_runner
-from spaces import ProfileSettings
+from spaces import ProfileSettings, Space
 from store import ProfileCache, new_claimant_id
+
+from .ledger import RunLedger, UnitTask
+from .progress import bar
+
+if TYPE_CHECKING:
+    from .dispatch import Dispatcher
+    from .evaluate import Evaluator
 
 
 @dataclass(frozen=True)
@@ -213,9 +220,9 @@ def profile_missing(
 ) -> ProfileOutcome:
     """Measure in-process the buckets of one unit that the cache lacks; store them atomically.
 
-    The unit is claimed first, for ``lease_s`` seconds renewed while it is measured (the
-    space's ``[profile] lease_s``): when another process is profiling it, this waits for its
-    profiles (or for its claim to end) instead of measuring them a second time.
+    The unit is claimed first, for ``profile.lease_s`` seconds renewed while it is measured:
+    when another process is profiling it, this waits for its profiles (or for its claim to
+    end) instead of measuring them a second time.
     """
     owner = new_claimant_id()
     lease_s = profile.lease_s
@@ -255,3 +262,139 @@ def check_subset(buckets: Sequence[int], space_buckets: Sequence[int], path) -> 
         raise UserError(
             f"bucket(s) {extra} are not in space.buckets {list(space_buckets)} of {path}; add them there first"
         )
+
+
+# -- the search's profiling loop -------------------------------------------------------------------
+#: seconds between two looks at a unit another process is profiling
+CLAIM_POLL_S = 1.0
+
+
+def unit_checker(runner: Runner, dispatcher: "Dispatcher | None") -> Callable[[int, int], str | None]:
+    """Why a unit cannot run (the runner refuses it, or no node of the cluster offers its
+    resources), or None; the cluster's answer is asked once per tp."""
+    unplaceable: dict[int, str | None] = {}
+
+    def check(tp: int, batch: int) -> str | None:
+        try:
+            runner.check_unit(Unit(target=runner.target, tp=tp, batch=batch))
+        except LensoptError as exc:
+            return str(exc)
+        if dispatcher is None:
+            return None
+        if tp not in unplaceable:
+            unplaceable[tp] = dispatcher.unplaceable(tp)
+        return unplaceable[tp]
+
+    return check
+
+
+class UnitProfiler:
+    """Profiles the units one search needs, each once across every search sharing the cache.
+
+    Each unit is claimed in the cache before its task is dispatched; a unit another search
+    is profiling is waited for (its profiles are read when they land) rather than measured
+    again. One Ray task (one compilation) per unit; each unit is stored in the cache, with
+    the end of its claim, as its task comes back. The evaluator learns every profile or
+    failure, the ledger every unit and hardware second; ``checkpoint`` runs after a round.
+    """
+
+    def __init__(self, *, space: Space, runner: Runner, fingerprint: str, cache: ProfileCache,
+                 dispatcher: "Dispatcher", evaluator: "Evaluator", ledger: RunLedger,
+                 log: Callable[[str], None], progress: bool, checkpoint: Callable[[], None]):
+        self.space, self.runner, self.fp, self.cache = space, runner, fingerprint, cache
+        self.dispatcher, self.ev, self.ledger = dispatcher, evaluator, ledger
+        self.log, self.progress, self.checkpoint = log, progress, checkpoint
+        #: who this search is when it claims units in the shared cache
+        self.owner = new_claimant_id()
+
+    def budget_left(self) -> bool:
+        cap = self.space.budget.profile_s
+        return cap is None or self.ledger.profile_hardware_s < cap
+
+    def adopt(self, unit: tuple[int, int], *, waited: bool = False) -> int:
+        """Take the unit's cached profiles (of the space's buckets); how many there were."""
+        prof = {b: p for b, p in self.cache.get_unit(self.fp, *unit).items() if b in self.space.search.buckets}
+        if prof:
+            self.ev.set_measured(unit, prof)
+            self._note_spread(unit, prof)
+            self.ledger.note_reused(unit)
+        if waited:
+            self.ledger.units_waited.append(unit)
+            self.log(f"  unit tp={unit[0]} batch={unit[1]}: profiled by another search; {len(prof)} buckets read "
+                     f"from the cache")
+        return len(prof)
+
+    def profile(self, units: Mapping[tuple[int, int], Sequence[int]]) -> None:
+        """Measure the listed buckets of each unit that the evaluator does not have yet."""
+        have = self.ev.measured
+        todo = {u: sorted(b for b in bk if b not in have.get(u, {})) for u, bk in units.items() if u not in self.ev.failed}
+        todo = {u: bk for u, bk in todo.items() if bk}
+        told: set[tuple[int, int]] = set()
+        try:
+            while todo:
+                granted, waiting = {}, {}
+                for u, bk in todo.items():
+                    c = self.cache.claim_unit(fingerprint=self.fp, tp=u[0], batch=u[1], buckets=bk, owner=self.owner,
+                                              lease_s=self.space.profile.lease_s)
+                    if c.granted:
+                        granted[u] = list(c.missing)
+                    elif not c.missing:
+                        self.adopt(u, waited=u in told)
+                    else:
+                        waiting[u] = bk
+                        if u not in told:
+                            told.add(u)
+                            self.log(f"  unit tp={u[0]} batch={u[1]} is being profiled by {c.holder} (same cache); "
+                                     f"waiting for its profiles instead of measuring it again")
+                if granted:
+                    self._dispatch(granted)
+                elif waiting:
+                    time.sleep(CLAIM_POLL_S)
+                todo = waiting
+        finally:
+            self.cache.release_claims(owner=self.owner)
+        self.checkpoint()
+
+    def _dispatch(self, units: dict[tuple[int, int], list[int]]) -> None:
+        sp, ledger = self.space, self.ledger
+        lease = sp.profile.lease_s
+
+        def renew(keys: list) -> None:  # while tasks run: our claims must outlive them
+            self.cache.renew_claims(owner=self.owner, units=[(self.fp, t, b) for t, b in keys], lease_s=lease)
+
+        shown = bar(len(units), "profiling units", self.progress)
+        for out in self.dispatcher.profile_units(sp.target, units, all_buckets=sp.search.buckets, profile=sp.profile,
+                                                 tick=renew, tick_s=lease / 3):
+            ledger.profile_tasks += 1
+            ledger.profile_tasks_this_run += 1
+            unit = out.key
+            if out.error:
+                self.cache.release_claims(owner=self.owner, units=[(self.fp, *unit)])
+                self.ev.set_failed(unit, out.error)
+                ledger.units_failed[unit] = out.error
+                self.log(f"  unit tp={unit[0]} batch={unit[1]}: FAILED: {out.error}")
+            else:
+                m: UnitMeasurement = out.value
+                # whole unit and the end of its claim, one transaction
+                store(self.cache, self.fp, sp.target, m, self.runner.name, release_owner=self.owner)
+                self.ev.set_measured(unit, m.profiles)
+                ledger.note_measured(unit, UnitTask(tp=unit[0], batch=unit[1], buckets=tuple(sorted(m.profiles)),
+                                                    node_id=m.node_id, started_at=m.started_at, ended_at=m.ended_at,
+                                                    hardware_s=m.hardware_s, attempts=m.attempts))
+                self._note_spread(unit, m.profiles, m.noisy)
+                sim = " simulated" if m.simulated else ""
+                noisy = f"; NOISY: {'; '.join(m.noisy.values())}" if m.noisy else ""
+                self.log(f"  unit tp={unit[0]} batch={unit[1]}: {len(m.profiles)} buckets measured on {m.host}, "
+                         f"{m.hardware_s:.1f}{sim} hardware-s (compile {m.compile_s:.1f} s){noisy}")
+            shown.update(1)
+        shown.close()
+
+    def _note_spread(self, unit: tuple[int, int], profiles: Mapping[int, BucketProfile],
+                     reasons: Mapping[int, str] | None = None) -> None:
+        """Record the buckets of a unit whose repeats spread more than profile.max_spread."""
+        lim = self.space.profile.max_spread
+        reasons = reasons or {}
+        self.ledger.note_noisy(unit, {
+            b: reasons.get(b) or f"bucket {b}: repeats spread {p.spread:.0%} of their median "
+                                 f"(more than profile.max_spread = {lim:.0%})"
+            for b, p in profiles.items() if p.spread > lim or b in reasons})

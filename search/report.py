@@ -12,6 +12,8 @@ import pandas as pd
 from lens.types import BucketProfile, Candidate
 from spaces import Space
 
+from .ledger import RunLedger, unit_key
+
 _SHOW = ["rank", "tp", "batch", "ctx_buckets", "tkg_buckets", "throughput_tok_s", "throughput_tok_s_per_chip",
          "ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "e2e_p90_s", "prefill_padding", "decode_padding", "source", "confirmed",
          "flagged"]
@@ -99,26 +101,27 @@ def _png(fig) -> bytes:
 
 
 def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd.DataFrame, confirm: pd.DataFrame | None,
-                 info: dict, chosen: Candidate | None, staircase: Mapping[int, BucketProfile], nearest: list[dict]) -> None:
-    simulated = bool(info.get("simulated"))
-    estimate_only = bool(info.get("estimate_only"))
+                 ledger: RunLedger, chosen: Candidate | None, staircase: Mapping[int, BucketProfile],
+                 nearest: list[dict]) -> None:
+    simulated = ledger.simulated
+    estimate_only = ledger.estimate_only
     pngs = _plots(run_dir, space, front, trials, confirm, staircase, simulated, estimate_only)
     t = space.target
     sim = "**SIMULATED device: every hardware number below comes from the simulator, not from hardware.**\n\n" if simulated else ""
-    if info.get("estimate_only"):
-        sim = (f"**ESTIMATES ONLY: every number below comes from the {info.get('estimator', 'analytical')} model; "
+    if estimate_only:
+        sim = (f"**ESTIMATES ONLY: every number below comes from the {ledger.estimator or 'analytical'} model; "
                f"nothing was measured or confirmed on hardware.**\n\n")
     lines = [f"# lensopt search: {t.name}\n", sim,
              f"- target: runner `{t.runner}` on `{t.hardware}`, model {t.model.to_dict()}, dtype {t.dtype}, "
              f"policy {t.bucket_policy}, batching {space.target.batching}",
-             f"- fingerprint `{info.get('fingerprint')}`; space `{info.get('space')}` (sha256 {str(info.get('space_sha256'))[:12]})",
-             f"- workload: {info.get('workload')}",
+             f"- fingerprint `{ledger.fingerprint}`; space `{ledger.space}` (sha256 {ledger.space_sha256[:12]})",
+             f"- workload: {ledger.workload.to_json() if ledger.workload else None}",
              f"- objectives: maximise `{space.objectives.throughput}`, minimise `{space.objectives.latency}`; "
              f"SLO: {', '.join(f'{k} <= {v:g} s' for k, v in space.slo) or 'none'}",
-             f"- trials: {info.get('trials')}; units measured this run: {len(info.get('units_measured', []))}, "
-             f"reused from the cache: {len(info.get('units_reused', []))}, failed: {len(info.get('units_failed', {}))}",
-             f"- hardware seconds{' (simulated)' if simulated else ''}: profiling {info.get('profile_hardware_s', 0):.1f}, "
-             f"confirmation {info.get('confirm_hardware_s', 0):.1f}",
+             f"- trials: {ledger.trials}; units measured this run: {len(ledger.units_measured)}, "
+             f"reused from the cache: {len(ledger.units_reused)}, failed: {len(ledger.units_failed)}",
+             f"- hardware seconds{' (simulated)' if simulated else ''}: profiling {ledger.profile_hardware_s:.1f}, "
+             f"confirmation {ledger.confirm_hardware_s:.1f}",
              ""]
     if chosen is not None:
         lines += ["## Chosen configuration\n",
@@ -144,12 +147,13 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
         if len(inf):
             counts = inf.groupby("infeasible").size().reset_index(name="trials")
             lines += ["## Infeasible candidates\n", md_table(counts)]
-    if info.get("units_failed"):
+    if ledger.units_failed:
         lines += ["## Units whose profiling failed\n",
                   "The search went on without them (a timeout, a lost device, or runs that stayed impossible to solve).\n",
-                  md_table(pd.DataFrame([{"unit": k, "error": v} for k, v in info["units_failed"].items()]))]
-    if info.get("units_noisy"):
-        rows = [{"unit": u, "bucket": b, "why": why} for u, per in info["units_noisy"].items() for b, why in per.items()]
+                  md_table(pd.DataFrame([{"unit": unit_key(u), "error": v} for u, v in ledger.units_failed.items()]))]
+    if ledger.units_noisy:
+        rows = [{"unit": unit_key(u), "bucket": str(b), "why": why} for u, per in ledger.units_noisy.items()
+                for b, why in per.items()]
         lines += ["## Noisy measurements\n",
                   "Buckets kept although their repeated runs spread widely (each was measured again, with more "
                   "repeats, up to profile.attempts times): predictions that use them are less certain.\n",

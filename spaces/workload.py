@@ -36,8 +36,8 @@ class WorkloadDescription:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         head = {k: d.pop(k) for k in ("source", "requests", "seed")}
-        extra = {k: d.pop(k) for k in ("length_scale", "dropped_longer") if d[k] is not None}
-        return {**head, **extra, **d}
+        extra = {k: d.pop(k) for k in ("length_scale", "dropped_longer")}
+        return {**head, **{k: v for k, v in extra.items() if v is not None}, **d}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "WorkloadDescription":

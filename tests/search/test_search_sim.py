@@ -7,12 +7,20 @@ import time
 import optuna
 import pandas as pd
 import pytest
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 
 from conftest import write_space
 from search.cli import main
 from search.run import run
 from spaces import load_space
 from store import ProfileCache
+
+
+def _stored(run_dir):
+    """The trials in a run's store, as Optuna (and optuna-dashboard) reads them."""
+    storage = JournalStorage(JournalFileBackend(str(run_dir / "study.journal")))
+    return optuna.load_study(study_name=run_dir.name, storage=storage).trials
 
 
 def _run(space, tmp_path, **kw):
@@ -30,7 +38,7 @@ def test_search_end_to_end_writes_every_result(tmp_path, ray_local):
     assert set(front["source"]) <= {"simulated"}  # only measured (here: simulated) profiles on the front
     rd = res.run_dir
     for f in ("pareto.csv", "trials.csv", "confirm.csv", "report.md", "report.html", "pareto.png", "run.json",
-              "study.sqlite", "deploy/config.json", "deploy/space.toml"):
+              "study.journal", "deploy/config.json", "deploy/space.toml"):
         assert (rd / f).exists(), f
     info = json.loads((rd / "run.json").read_text())
     assert info["simulated"] is True and info["state"] == "complete"
@@ -39,9 +47,14 @@ def test_search_end_to_end_writes_every_result(tmp_path, ray_local):
     # the deploy space file pins the chosen configuration and loads as a space
     pinned = load_space(rd / "deploy" / "space.toml")
     assert pinned.search.tp == (info["chosen"]["tp"],) and pinned.search.batch == (info["chosen"]["batch"],)
-    # optuna-dashboard reads the mirrored study
-    st = optuna.load_study(study_name=rd.name, storage=f"sqlite:///{rd / 'study.sqlite'}")
-    assert len(st.trials) == info["trials"] == 40
+    # the trial store is an Optuna journal (optuna-dashboard opens it), one trial per candidate asked
+    stored = _stored(rd)
+    assert len(stored) == info["trials"] == 40
+    assert all(t.user_attrs["candidate"]["tp"] == t.params["tp"] for t in stored)
+    assert {t.user_attrs["source"] for t in stored if t.state.name == "COMPLETE"} <= {"simulated", "estimate:scaling"}
+    # lensopt confirm reads the front back from run.json's ledger
+    assert [[c["tp"], c["batch"], " ".join(map(str, c["ctx_buckets"]))] for c in info["front"]] == \
+        front[["tp", "batch", "ctx_buckets"]].values.tolist()
     conf = res.confirm
     assert len(conf) == min(2, len(front))
     assert (conf["throughput_tok_s_err_%"].abs() < 15).all()
@@ -51,20 +64,45 @@ def test_search_end_to_end_writes_every_result(tmp_path, ray_local):
 def test_rerun_resumes_without_losing_trials_or_reprofiling(tmp_path, ray_local):
     space = write_space(tmp_path)
     first = _run(space, tmp_path, name="r", trials=20, confirm=False)
-    first_params = [json.loads(x)["params"] for x in (first.run_dir / "trials.jsonl").read_text().splitlines()]
+    first_params = [t.params for t in _stored(first.run_dir)]
     with ProfileCache.open(tmp_path / "cache.sqlite") as c:
         before = c.frame()[["tp", "batch", "bucket", "measured_at"]]
     again = _run(space, tmp_path, name="r", trials=40, confirm=False)
-    log = [json.loads(x) for x in (again.run_dir / "trials.jsonl").read_text().splitlines()]
+    log = _stored(again.run_dir)
     assert len(log) == 40 and again.info["trials"] == 40
     assert len(first_params) == 20
-    assert [r["params"] for r in log[:20]] == first_params  # the first 20 trials are the same ones, not redone
+    assert [t.params for t in log[:20]] == first_params  # the first 20 trials are the same ones, not redone
     # every bucket profile measured by the first run is still the same measurement (none profiled twice)
     with ProfileCache.open(tmp_path / "cache.sqlite") as c:
         after = c.frame()[["tp", "batch", "bucket", "measured_at"]]
     merged = before.merge(after, on=["tp", "batch", "bucket"], suffixes=("_before", "_after"))
     assert len(merged) == len(before)
     assert (merged["measured_at_before"] == merged["measured_at_after"]).all()
+
+
+def test_a_store_line_cut_by_a_kill_is_dropped_and_the_run_resumes(tmp_path, ray_local):
+    space = write_space(tmp_path)
+    first = _run(space, tmp_path, name="cut", trials=20, confirm=False)
+    store = first.run_dir / "study.journal"
+    kept = [t.params for t in _stored(first.run_dir)][:19]
+    data = store.read_bytes()
+    store.write_bytes(data[:data.rstrip(b"\n").rfind(b"\n") + 40])  # the last trial's line, cut mid-write
+    again = _run(space, tmp_path, name="cut", trials=40, confirm=False)
+    log = _stored(again.run_dir)
+    assert len(log) == 40 and [t.params for t in log[:19]] == kept
+    assert store.read_bytes().endswith(b"\n")
+
+
+def test_a_store_damaged_before_its_end_is_refused(tmp_path, ray_local):
+    space = write_space(tmp_path)
+    first = _run(space, tmp_path, name="bad", trials=20, confirm=False)
+    store = first.run_dir / "study.journal"
+    lines = store.read_bytes().splitlines(keepends=True)
+    store.write_bytes(b"".join(lines[:3] + [b"garbage\n"] + lines[3:]))
+    r = _cli("run", str(space), "--cache", str(tmp_path / "cache.sqlite"), "--results", str(tmp_path / "results"),
+             "--name", "bad", "--no-confirm", "--no-progress")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "study.journal, line 4" in r.stderr and "--fresh" in r.stderr
 
 
 def test_second_search_on_a_full_cache_profiles_nothing(tmp_path, ray_local):

@@ -112,6 +112,7 @@ WATCHED = {"repeats", "max_output", "attempts", "max_spread", "lease_s", "reques
 HOMES = {("lens/workload.py", "DEFAULT_REQUESTS"), ("search/study.py", "DEFAULT_SAMPLER")}
 #: fields that share a setting's name but are not that setting
 NOT_SETTINGS = {("search/profiler.py", "attempts"),  # UnitMeasurement.attempts: how many were made
+                ("search/ledger.py", "trials"),  # RunLedger.trials: how many the run holds
                 # the conformance suite's own tiny probe plan, deliberately not a space's
                 ("runners/conformance.py", "max_output"), ("runners/conformance.py", "repeats")}
 SAMPLER_FILE = "search/study.py"

@@ -1,0 +1,224 @@
+"""The files of ``results/<run>/``, written from the search's records.
+
+This is the edge where records become tables: the front (Evaluations), the trials
+(TrialRecords), the confirmations and the ledger turn into ``pareto.csv``, ``trials.csv``,
+``confirm.csv`` and ``run.json`` here, and into ``report.md``/``.html`` and ``deploy/``.
+Nothing reads these files back into objects: ``lensopt confirm`` reads the ledger.
+A folder that cannot be written stops the run with a ``ResultsError`` naming the file.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from lens.errors import UserError
+from lens.types import BucketProfile, Candidate, stable_hash
+from spaces import Space
+
+from .cli_common import json_safe
+from .confirm import Confirmation
+from .evaluate import Evaluation
+from .ledger import RunLedger
+
+if TYPE_CHECKING:
+    from .study import TrialRecord
+
+#: the trial store and the tables a fresh run starts without
+RUN_FILES = ("study.journal", "confirm.csv", "pareto.csv", "trials.csv", "run.json")
+#: files of earlier lensopt versions that a fresh run removes too
+OLD_FILES = ("trials.jsonl", "study.sqlite")
+#: prediction columns of the front and trial tables, in order
+REPORT_METRICS = ("throughput_tok_s", "throughput_tok_s_per_chip", "throughput_tok_s_per_host", "ttft_mean_s",
+                  "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
+                  "e2e_mean_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "prefill_padding", "decode_padding", "total_s")
+
+
+def default_run_name(space: Space, extra: Any = None) -> str:
+    """The run folder's name: the space file's name and a hash of its content and the options."""
+    return f"{space.path.stem}-{stable_hash([space.sha256, extra], 8)}"
+
+
+class ResultsError(UserError):
+    """The results folder cannot be written (read-only, not a folder, disk full)."""
+
+
+def results_error(path: Path, exc: BaseException) -> ResultsError:
+    where = getattr(exc, "filename", None) or path
+    why = getattr(exc, "strerror", None) or str(exc)
+    hint = ("free some space on its disk" if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+            else "make it writable")
+    return ResultsError(f"cannot write {where}: {why}; {hint} or pass --results DIR (the profile cache is a "
+                        f"separate file and keeps every unit measured so far)")
+
+
+@dataclass
+class SearchResult:
+    """What ``run`` and ``confirm_run`` return: the tables as written, and the ledger."""
+
+    run_dir: Path
+    front: pd.DataFrame
+    trials: pd.DataFrame
+    confirm: pd.DataFrame | None
+    ledger: RunLedger
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The ledger as run.json holds it."""
+        return self.ledger.to_json()
+
+
+def prepare_dir(run_dir: Path, *, fresh: bool) -> None:
+    """Create the run folder (emptied of an earlier run's files with ``fresh``) and check it is writable."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            for f in RUN_FILES + OLD_FILES:
+                (run_dir / f).unlink(missing_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ResultsError(f"results directory {run_dir} is not writable ({exc.strerror or exc}"
+                           f"{': ' + str(exc.filename) if exc.filename and str(exc.filename) != str(run_dir) else ''}); "
+                           f"pass --results DIR") from None
+
+
+def write_json(p: Path, obj: Mapping[str, Any]) -> None:
+    """Write ``obj`` whole or not at all (a temporary file renamed into place)."""
+    tmp = p.with_suffix(".json.tmp")
+    try:
+        tmp.write_text(json.dumps(json_safe(obj), indent=2, default=str))
+        os.replace(tmp, p)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise results_error(p, exc) from None
+
+
+def write_ledger(run_dir: Path, ledger: RunLedger) -> None:
+    write_json(run_dir / "run.json", ledger.to_json())
+
+
+# -- records -> rows ---------------------------------------------------------------------------
+def candidate_cells(c: Candidate) -> dict[str, Any]:
+    """A candidate as table cells (bucket sets as space-separated boundaries)."""
+    return {"tp": c.tp, "batch": c.batch, "ctx_buckets": " ".join(map(str, c.ctx_buckets)),
+            "tkg_buckets": " ".join(map(str, c.tkg_buckets))}
+
+
+def eval_row(e: Evaluation, space: Space) -> dict[str, Any]:
+    row = {**candidate_cells(e.candidate), "source": e.source}
+    row.update({k: e.metrics[k] for k in REPORT_METRICS if k in e.metrics})
+    for k, v in e.violations(space).items():
+        row[f"slo_{k}_over_s"] = v
+    return row
+
+
+def front_table(front: Sequence[Evaluation], space: Space, confirmed: Sequence[Confirmation] | None = None) -> pd.DataFrame:
+    """``pareto.csv``: the front as given (lowest latency first), ranked, marked where confirmed."""
+    df = pd.DataFrame([eval_row(e, space) for e in front])
+    if not len(df):
+        return df
+    df.insert(0, "rank", range(1, len(df) + 1))
+    if confirmed:
+        flags = {c.candidate: c.flagged for c in confirmed}
+        df["flagged"] = [flags.get(e.candidate, float("nan")) for e in front]
+        df["confirmed"] = [e.candidate in flags for e in front]
+    return df
+
+
+def trials_table(records: Iterable["TrialRecord"], now: Mapping[Candidate, Evaluation], space: Space) -> pd.DataFrame:
+    """``trials.csv``: every trial, with the estimate it has now (``now``: candidate -> evaluation)."""
+    rows = []
+    for rec in records:
+        ev = now[rec.candidate]
+        row = {"trial": rec.number, "state": rec.state, **candidate_cells(rec.candidate), "source_at_trial": rec.source,
+               "source_now": ev.source, "infeasible": ev.infeasible or rec.infeasible}
+        if ev.metrics:
+            row.update({k: ev.metrics[k] for k in REPORT_METRICS if k in ev.metrics})
+            row["meets_slo"] = ev.meets_slo(space)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def confirm_table(confirmed: Sequence[Confirmation]) -> pd.DataFrame:
+    """``confirm.csv``: predicted vs measured, the error and the flag of each confirmed candidate."""
+    rows = []
+    for c in confirmed:
+        row = candidate_cells(c.candidate)
+        if c.error is not None:
+            row.update({"error": c.error, "flagged": True})
+        else:
+            row["simulated"] = c.simulated
+            for m in c.predicted:
+                row.update({f"{m}_predicted": c.predicted[m], f"{m}_measured": c.measured[m],
+                            f"{m}_err_%": c.error_pct(m)})
+            row.update({"e2e_request_mape_%": c.e2e_request_mape_pct, "flagged": c.flagged})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# -- files --------------------------------------------------------------------------------------
+def _write_csv(path: Path, df: pd.DataFrame) -> pd.DataFrame:
+    try:
+        df.to_csv(path, index=False)
+    except OSError as exc:
+        raise results_error(path, exc) from None
+    return df
+
+
+def write_confirm(run_dir: Path, confirmed: Sequence[Confirmation]) -> pd.DataFrame:
+    return _write_csv(run_dir / "confirm.csv", confirm_table(confirmed))
+
+
+def write_front(run_dir: Path, front: Sequence[Evaluation], space: Space,
+                confirmed: Sequence[Confirmation] = ()) -> pd.DataFrame:
+    return _write_csv(run_dir / "pareto.csv", front_table(front, space, confirmed))
+
+
+def write_results(run_dir: Path, *, space: Space, runner, ledger: RunLedger, trials: pd.DataFrame,
+                  front: Sequence[Evaluation] | None, staircase: Mapping[int, BucketProfile] | None = None,
+                  nearest: Sequence[Evaluation] = ()) -> SearchResult:
+    """Write the run's files; ``front=None``: an interrupted run (trials and run.json only).
+
+    The front is the ledger's (``ledger.front``, ``ledger.chosen``) with its evaluations.
+    """
+    try:
+        return _write_results(run_dir, space=space, runner=runner, ledger=ledger, trials=trials, front=front,
+                              staircase=staircase or {}, nearest=nearest)
+    except OSError as exc:
+        raise results_error(run_dir, exc) from None
+    except Exception as exc:
+        # report writers that go through SQLite or SQLAlchemy wrap "disk full" in their own errors
+        if type(exc).__module__.startswith("sqlalchemy") or isinstance(exc, sqlite3.Error):
+            raise results_error(run_dir, exc) from None
+        raise
+
+
+def _write_results(run_dir: Path, *, space: Space, runner, ledger: RunLedger, trials: pd.DataFrame,
+                   front: Sequence[Evaluation] | None, staircase: Mapping[int, BucketProfile], nearest: Sequence[Evaluation]) -> SearchResult:
+    from .deploy import write_deploy
+    from .report import write_report
+
+    trials.to_csv(run_dir / "trials.csv", index=False)
+    if front is None:
+        write_ledger(run_dir, ledger)
+        return SearchResult(run_dir, pd.DataFrame(), trials, None, ledger)
+    table = front_table(front, space, ledger.confirmed)
+    table.to_csv(run_dir / "pareto.csv", index=False)
+    if ledger.chosen is not None:
+        write_deploy(run_dir / "deploy", space, ledger.chosen, runner)
+    write_ledger(run_dir, ledger)
+    confirm = confirm_table(ledger.confirmed) if ledger.confirmed else None
+    write_report(run_dir, space=space, front=table, trials=trials, confirm=confirm, ledger=ledger,
+                 chosen=ledger.chosen, staircase=staircase, nearest=[eval_row(e, space) for e in nearest])
+    return SearchResult(run_dir, table, trials, confirm, ledger)
