@@ -95,3 +95,65 @@ def test_example_space_files_load_without_the_sdks(name):
     c = Candidate(sp.search.tp[0], sp.search.batch[-1], sp.search.buckets, sp.search.buckets)
     files = r.deploy_snippets(c)  # pure: needs no SDK
     assert "config.json" in files and len(files) == 2
+
+
+# -- profile, predict and measure need neither Optuna nor Ray ------------------------------------
+_BLOCKED = ("optuna", "ray")
+_BLOCKER = (
+    "import sys\n"
+    "class _Blocked:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    f"        if name.split('.')[0] in {_BLOCKED!r}:\n"
+    "            raise ImportError(f'{name} is not installed here')\n"
+    "sys.meta_path.insert(0, _Blocked())\n"
+)
+_SIM_SPACE = """
+[target]
+name = "no-search"
+runner = "sim"
+hardware = "inf2"
+[target.model]
+layers = 2
+hidden = 256
+heads = 4
+kv_heads = 2
+intermediate = 512
+vocab = 1000
+[space]
+tp = [1]
+batch = [2]
+buckets = [64, 128]
+"""
+
+
+def test_the_blocker_really_blocks():
+    p = _python(_BLOCKER + "import optuna\n")
+    assert p.returncode != 0 and "optuna is not installed here" in p.stderr
+
+
+def test_importing_search_loads_neither_optuna_nor_ray():
+    p = _python("import sys, json\nimport search, search.run, search.cli\n"
+                f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {list(_BLOCKED)!r})))\n")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == []
+
+
+def test_profile_predict_measure_run_without_optuna_and_ray(tmp_path):
+    space, cache = tmp_path / "space.toml", tmp_path / "cache.sqlite"
+    space.write_text(_SIM_SPACE)
+    unit = ["--tp", "1", "--batch", "2"]
+    reqs = ["--buckets", "64,128", "--input-len", "10,70", "--output-len", "5,20"]
+    for argv in (["profile", str(space), *unit, "--cache", str(cache), "--json"],
+                 ["predict", str(space), *unit, *reqs, "--cache", str(cache), "--json"],
+                 ["measure", str(space), *unit, *reqs, "--repeats", "1", "--json"]):
+        p = _python(_BLOCKER + f"from search.cli import main\nsys.exit(main({argv!r}))\n")
+        assert p.returncode == 0, (argv[0], p.stderr[-2000:])
+        out = json.loads(p.stdout)
+        if argv[0] == "predict":
+            assert len(out["e2e_s"]) == 2 and all(x > 0 for x in out["e2e_s"])
+        else:
+            assert out["simulated"] is True
+    # the blocker is what makes this proof: a search does need Optuna and fails without it
+    p = _python(_BLOCKER + f"from search.cli import main\nsys.exit(main(['run', {str(space)!r}, '--workload', "
+                           f"'sharegpt', '--cache', {str(cache)!r}, '--results', {str(tmp_path / 'r')!r}]))\n")
+    assert p.returncode != 0 and "not installed here" in p.stderr
