@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
@@ -197,11 +196,6 @@ def write_results(run_dir: Path, *, space: Space, runner, ledger: RunLedger, tri
                               staircase=staircase or {}, nearest=nearest)
     except OSError as exc:
         raise results_error(run_dir, exc) from None
-    except Exception as exc:
-        # report writers that go through SQLite or SQLAlchemy wrap "disk full" in their own errors
-        if type(exc).__module__.startswith("sqlalchemy") or isinstance(exc, sqlite3.Error):
-            raise results_error(run_dir, exc) from None
-        raise
 
 
 def _write_results(run_dir: Path, *, space: Space, runner, ledger: RunLedger, trials: pd.DataFrame,

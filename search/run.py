@@ -133,10 +133,10 @@ def run(
                            workload=wdesc, sampler=sampler, trials_requested=n_trials, simulated=bool(runner.simulated),
                            versions=software_versions(runner), cache=str(cache_path),
                            ray_address=ray_address or "local", started_at=t_start)
-        search = _Search(sp, reqs, run_dir, runner, ledger, log=log, progress=progress)
+        search = _Search(sp, reqs, run_dir, runner, dispatcher, ledger, log=log, progress=progress)
         try:
             with ProfileCache.open(cache_path) as pc:
-                search.open(pc, dispatcher, sampler)
+                search.open(pc, sampler)
                 search.setup(profile_all=profile_all)
                 search.rounds(n_trials)
                 front = search.final_front()
@@ -208,20 +208,19 @@ def confirm_run(
 class _Search:
     """The mutable state of one search: evaluator, study, profiler and ledger."""
 
-    def __init__(self, space: Space, reqs: Requests, run_dir: Path, runner: Runner, ledger: RunLedger, *,
-                 log: Callable[[str], None], progress: bool):
+    def __init__(self, space: Space, reqs: Requests, run_dir: Path, runner: Runner, dispatcher: Dispatcher,
+                 ledger: RunLedger, *, log: Callable[[str], None], progress: bool):
         self.sp, self.reqs, self.run_dir, self.runner, self.ledger = space, reqs, run_dir, runner, ledger
-        self.log, self.progress = log, progress
+        self.dispatcher, self.log, self.progress = dispatcher, log, progress
+        self.ev = Evaluator(space, reqs, unit_check=unit_checker(runner, dispatcher))
         self.study: SearchStudy | None = None
-        self.ev = Evaluator(space, reqs)
         self.nearest: list[Evaluation] = []
         self._sweep: tuple[object, list[Candidate]] = (None, [])
 
-    def open(self, cache: ProfileCache, dispatcher: Dispatcher, sampler: str) -> None:
-        """Open the trial store (a rerun resumes from it) and wire the evaluator to the hardware."""
-        self.ev = Evaluator(self.sp, self.reqs, unit_check=unit_checker(self.runner, dispatcher))
+    def open(self, cache: ProfileCache, sampler: str) -> None:
+        """Open the trial store (a rerun resumes from it) and the profiler on the cache."""
         self.profiler = UnitProfiler(space=self.sp, runner=self.runner, fingerprint=self.ledger.fingerprint,
-                                     cache=cache, dispatcher=dispatcher, evaluator=self.ev, ledger=self.ledger,
+                                     cache=cache, dispatcher=self.dispatcher, evaluator=self.ev, ledger=self.ledger,
                                      log=self.log, progress=self.progress, checkpoint=self.checkpoint)
         store = TrialStore(self.run_dir / STORE_FILE, study_name=self.run_dir.name, space=self.sp)
         self.study = SearchStudy(self.sp, store, sampler=sampler, study_name=self.run_dir.name)
