@@ -105,6 +105,30 @@ def test_a_store_damaged_before_its_end_is_refused(tmp_path, ray_local):
     assert "study.journal, line 4" in r.stderr and "--fresh" in r.stderr
 
 
+def test_confirm_reads_the_front_from_the_ledger(tmp_path, ray_local, capsys):
+    space = write_space(tmp_path)
+    res = _run(space, tmp_path, name="c", trials=30, confirm=False)
+    rd = res.run_dir
+    assert res.confirm is None and not (rd / "confirm.csv").exists() and len(res.front) >= 1
+    assert main(["confirm", str(rd), "--top", "2", "--cache", str(tmp_path / "cache.sqlite"), "--no-progress"]) == 0
+    info = json.loads((rd / "run.json").read_text())
+    conf = pd.read_csv(rd / "confirm.csv")
+    assert len(conf) == len(info["confirmed"]) == min(2, len(res.front))
+    on_front = [(c["tp"], c["batch"], tuple(c["ctx_buckets"])) for c in info["front"]]
+    for c in info["confirmed"]:
+        cand = c["candidate"]
+        assert (cand["tp"], cand["batch"], tuple(cand["ctx_buckets"])) in on_front
+        assert c["predicted"]["e2e_p90_s"] > 0 and c["measured"]["e2e_p90_s"] > 0
+    front = pd.read_csv(rd / "pareto.csv")
+    assert front["confirmed"].sum() == len(conf) and front["confirmed"].iloc[0]  # the lowest latency end
+    # a run.json without its front (as older versions wrote it) is refused with the way out
+    del info["front"]
+    (rd / "run.json").write_text(json.dumps(info))
+    capsys.readouterr()
+    assert main(["confirm", str(rd), "--cache", str(tmp_path / "cache.sqlite")]) == 2
+    assert "records no Pareto front" in capsys.readouterr().err
+
+
 def test_second_search_on_a_full_cache_profiles_nothing(tmp_path, ray_local):
     space = write_space(tmp_path)
     sp = load_space(space)
