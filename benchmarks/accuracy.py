@@ -83,7 +83,8 @@ def main(argv=None) -> int:
                                   all_buckets=buckets, profile=space.profile)
             prof_wall = time.perf_counter() - t0
             cand = Candidate(tp=tp, batch=batch, ctx_buckets=buckets, tkg_buckets=buckets)
-            tbl = UnitTable.build(cand, cache.get_unit(fp, tp, batch), policy=target.bucket_policy)
+            tbl = UnitTable.build(cand, cache.get_unit(fp, tp, batch), policy=target.bucket_policy,
+                                  prefill=target.prefill)
             pairs = held_out(rng, buckets, target.bucket_policy, args.batches * batch, probe_pairs)
             req = Requests(np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
             pred = predict(tbl, req, mode=space.target.batching)

@@ -169,7 +169,7 @@ def _unit_cases(runner, target, variant, grid, rep, device, mname, tp, batch, pe
                       runner=runner)
     cost = {"LENS": mu.hardware_s, "MaverIQ": mu.compile_s}  # both compile the unit once
     cand = Candidate(tp, batch, BUCKETS, BUCKETS)
-    table = UnitTable.build(cand, mu.profiles, policy=target.bucket_policy)
+    table = UnitTable.build(cand, mu.profiles, policy=target.bucket_policy, prefill=target.prefill)
     cal_op = calibrated_opsum(peak_op, mu.profiles, batch=batch)
     rows = []
     for ds in grid.datasets:

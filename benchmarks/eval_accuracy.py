@@ -84,7 +84,8 @@ def run_jax(args, log) -> tuple[pd.DataFrame, str | None]:
             mu = measure_unit(sp.target, tp=tp, batch=batch, buckets=buckets, all_buckets=buckets,
                               profile=sp.profile, runner=runner)
             cand = Candidate(tp, batch, buckets, buckets)
-            lens_pred = predict(UnitTable.build(cand, mu.profiles, policy=policy), req, mode=sp.target.batching).e2e_s
+            lens_pred = predict(UnitTable.build(cand, mu.profiles, policy=policy, prefill=sp.target.prefill), req,
+                                mode=sp.target.batching).e2e_s
             runner.run_workload(cand, req.head(batch))  # compile and warm the candidate's graphs
             meas = np.median([runner.run_workload(cand, req).e2e_s for _ in range(3)], axis=0)
             cal, _ = load_requests(sp, requests=args.cal_batches * batch, seed=CAL_SEED)

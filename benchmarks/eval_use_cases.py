@@ -68,7 +68,7 @@ def batch_per_dataset(args, log) -> pd.DataFrame:
         mu = measure_unit(target, tp=tp, batch=batch, buckets=BUCKETS, all_buckets=BUCKETS, profile=SETTINGS,
                           runner=runner)
         cand = Candidate(tp, batch, BUCKETS, BUCKETS)
-        table = UnitTable.build(cand, mu.profiles, policy=target.bucket_policy)
+        table = UnitTable.build(cand, mu.profiles, policy=target.bucket_policy, prefill=target.prefill)
         for ds in DATASETS:
             req = distributions.sample(ds, args.requests_a, seed=1)
             p = summarize_prediction(req, predict(table, req, mode="static"), chips=tp)
@@ -126,7 +126,7 @@ def refinement_case(args, log) -> tuple[pd.DataFrame, dict]:
     rows = []
     for name, b in (("coarse {1024,2048,4096,8192}", COARSE), ("fine (512-token steps 4096-8192)", FINE)):
         cand = Candidate(tp, batch, b, b)
-        p = summarize_prediction(req, predict(UnitTable.build(cand, mu.profiles, policy=target.bucket_policy), req), chips=tp)
+        p = summarize_prediction(req, predict(UnitTable.build(cand, mu.profiles, policy=target.bucket_policy, prefill=target.prefill), req), chips=tp)
         w = runner.run_workload(cand, req)
         m = summarize(req, ttft_s=w.ttft_s, e2e_s=w.e2e_s, total_s=w.total_s, chips=tp)
         # what the set costs to compile on a fresh host (this runner has compiled its graphs already)

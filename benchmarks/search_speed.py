@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     pred_ms = []
     for _ in range(max(20, args.repeats * 4)):
         t0 = time.perf_counter()
-        tbl = UnitTable.build(c, ev.measured[unit], policy=sp.target.bucket_policy)
+        tbl = UnitTable.build(c, ev.measured[unit], policy=sp.target.bucket_policy, prefill=sp.target.prefill)
         p = predict(tbl, req10k, mode=sp.target.batching)
         summarize_prediction(req10k, p, chips=c.tp)
         pred_ms.append((time.perf_counter() - t0) * 1e3)

@@ -3,9 +3,16 @@
 All of it is numpy over (batches x rows x buckets); nothing loops over decode steps.
 
 The machine (the same one the runners implement): requests run in order, in static
-batches of the unit's batch size.  Prompts are encoded one request at a time, each in
-the context-encoding bucket of its length, so request i of a batch gets its first token
-after the prefills of requests 0..i.  Then the batch decodes:
+batches of the unit's batch size.  Prompts are encoded as the target's ``prefill`` says:
+
+- ``sequential`` (NxD Inference's default, ``ctx_batch_size = 1``): one request at a time,
+  each in the context-encoding bucket of its length, so request i of a batch gets its
+  first token after the prefills of requests 0..i (TTFT_b is one request's prefill);
+- ``batched`` (vLLM, NxD Inference with ``ctx_batch_size = batch``): one call of shape
+  (batch, bucket of the batch's longest prompt), every first token at its end; a short
+  last batch still runs the whole compiled shape (TTFT_b is that call).
+
+Then the batch decodes:
 
 - ``static`` (NxD Inference default): the whole batch is one shape; at decode step t the
   token-generation bucket is the one of the longest context among the requests still
@@ -22,7 +29,7 @@ import numpy as np
 
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .errors import MissingProfiles, UserError
-from .types import BATCHING, BucketProfile, Candidate, Requests
+from .types import BATCHING, PREFILLS, BucketProfile, Candidate, Requests
 
 
 
@@ -40,11 +47,16 @@ class UnitTable:
     tkg_lo: np.ndarray
     tkg_hi: np.ndarray
     sources: tuple[str, ...] = ()
+    #: how the profiles' TTFT_b was measured and how prompts are composed (``Target.prefill``)
+    prefill: str = PREFILLS[0]
 
     @classmethod
     def build(
-        cls, candidate: Candidate, profiles: Mapping[int, BucketProfile], *, policy: str
+        cls, candidate: Candidate, profiles: Mapping[int, BucketProfile], *, policy: str,
+        prefill: str = PREFILLS[0],
     ) -> "UnitTable":
+        if prefill not in PREFILLS:
+            raise UserError(f"prefill = {prefill!r} is unknown: use one of {', '.join(PREFILLS)}")
         ctx = validate_buckets(candidate.ctx_buckets, what="context-encoding buckets")
         tkg = validate_buckets(candidate.tkg_buckets, what="token-generation buckets")
         missing = sorted(set(b for b in ctx + tkg if b not in profiles))
@@ -65,6 +77,7 @@ class UnitTable:
             tkg_lo=lo,
             tkg_hi=hi,
             sources=tuple(sorted({p.source for p in used})),
+            prefill=prefill,
         )
 
     def cum(self, x: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
@@ -133,9 +146,18 @@ def predict(table: UnitTable, requests: Requests, *, mode: str = "static") -> Pr
     real = np.concatenate([np.ones(n, bool), np.zeros(pad, bool)]).reshape(nb, B)
 
     ci = select_index(np.maximum(lin, 1), table.ctx_buckets, table.policy)
-    pre = np.where(real, table.ttft_s[ci], 0.0)
-    ttft = np.cumsum(pre, axis=1)
-    prefill_total = ttft[:, -1]
+    if table.prefill == "sequential":
+        pre = np.where(real, table.ttft_s[ci], 0.0)
+        ttft = np.cumsum(pre, axis=1)
+        prefill_total = ttft[:, -1]
+        slots_pre = table.ctx_buckets[ci][real].sum()
+    else:
+        # one call per batch in the bucket of its longest prompt (selection is monotone in the
+        # length, so that is the largest bucket index); the padding rows run in it too
+        call = ci.max(axis=1)
+        prefill_total = table.ttft_s[call]
+        ttft = np.broadcast_to(prefill_total[:, None], lin.shape)
+        slots_pre = table.ctx_buckets[call].sum() * B
 
     if mode == "static":
         dec, dec_slots = _static_decode(table, lin, lout)
@@ -151,7 +173,6 @@ def predict(table: UnitTable, requests: Requests, *, mode: str = "static") -> Pr
         tpot = np.where(steps > 0, (e2e - ttft) / steps, np.nan)
 
     used_pre = lin[real].sum()
-    slots_pre = table.ctx_buckets[ci][real].sum()
     useful_dec = (steps * lin + steps * (steps + 1) // 2)[real].sum()
     return Prediction(
         ttft_s=ttft[real],

@@ -3,11 +3,16 @@
 Convention used everywhere in lensopt: a request (l_in, l_out) generates exactly l_out
 tokens; the first comes from the prefill, then l_out - 1 decode steps follow, and decode
 step k (k = 1 .. l_out - 1) has context l_in + k.  A probe runs a full batch of B identical
-requests, so with prompts encoded one at a time
+requests whose prompts take n prefill calls: B with ``prefill = "sequential"`` (one prompt
+at a time), 1 with ``"batched"`` (one call of shape (B, b)).  So
 
-    T(L) = B * TTFT_b + (L - 1) * TBT_b
+    T(L) = n * TTFT_b + (L - 1) * TBT_b
     TBT_b  = (T2 - T1) / (L2 - L1)
-    TTFT_b = (T1 - (L1 - 1) * TBT_b) / B
+    TTFT_b = (T1 - (L1 - 1) * TBT_b) / n
+
+and TTFT_b is one prefill call in bucket b: one request's prompt (sequential), or the
+whole batch's prompts in one call (batched; it is then every request's TTFT in a full
+batch whose longest prompt runs in b).
 
 The pitfall (the LENS paper, arXiv 2606.18042): the prompt must run in b *and* every
 decode context of the longer run must stay in b under the target's policy, so l_in sits at
@@ -22,7 +27,7 @@ import numpy as np
 
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .errors import RunnerError, UserError
-from .types import BucketProfile, Probe, ProbeRun
+from .types import PREFILLS, BucketProfile, Probe, ProbeRun
 
 
 class NoisyMeasurement(RunnerError):
@@ -102,7 +107,14 @@ def pair_runs(runs: Sequence[ProbeRun]) -> dict[int, tuple[ProbeRun, ProbeRun]]:
     return out
 
 
-def _solve_pair(bucket: int, r1: ProbeRun, r2: ProbeRun, batch: int) -> tuple[float, float]:
+def prefill_calls(batch: int, prefill: str) -> int:
+    """Prefill calls of one probe of ``batch`` identical requests under the target's ``prefill``."""
+    if prefill not in PREFILLS:
+        raise UserError(f"prefill = {prefill!r} is unknown: use one of {', '.join(PREFILLS)}")
+    return batch if prefill == "sequential" else 1
+
+
+def _solve_pair(bucket: int, r1: ProbeRun, r2: ProbeRun, calls: int) -> tuple[float, float]:
     l1, l2 = r1.probe.output_len, r2.probe.output_len
     t1, t2 = r1.median_s, r2.median_s
     tbt = (t2 - t1) / (l2 - l1)
@@ -111,13 +123,14 @@ def _solve_pair(bucket: int, r1: ProbeRun, r2: ProbeRun, batch: int) -> tuple[fl
             f"bucket {bucket}: the longer run was not slower (T1={t1:.6f}s at L={l1}, "
             f"T2={t2:.6f}s at L={l2}); the measurement is too noisy to solve"
         )
-    ttft = (t1 - (l1 - 1) * tbt) / batch
+    ttft = (t1 - (l1 - 1) * tbt) / calls
     if not ttft > 0:
         raise RunnerError(f"bucket {bucket}: solved TTFT {ttft:.6f}s is not positive; remeasure")
     return ttft, tbt
 
 
-def assess(r1: ProbeRun, r2: ProbeRun, *, batch: int, max_spread: float) -> tuple[str, str] | None:
+def assess(r1: ProbeRun, r2: ProbeRun, *, batch: int, max_spread: float,
+           prefill: str = PREFILLS[0]) -> tuple[str, str] | None:
     """None when a bucket's two runs give a trustworthy profile, else ``(kind, reason)``.
 
     ``kind`` is ``"impossible"`` (no positive TBT_b and TTFT_b can be solved: T2 <= T1, or
@@ -125,7 +138,7 @@ def assess(r1: ProbeRun, r2: ProbeRun, *, batch: int, max_spread: float) -> tupl
     more than ``max_spread`` of their median).
     """
     try:
-        _solve_pair(r1.probe.bucket, r1, r2, batch)
+        _solve_pair(r1.probe.bucket, r1, r2, prefill_calls(batch, prefill))
     except RunnerError as exc:
         return "impossible", str(exc)
     spread = max(r1.spread, r2.spread)
@@ -136,15 +149,17 @@ def assess(r1: ProbeRun, r2: ProbeRun, *, batch: int, max_spread: float) -> tupl
 
 
 def solve(
-    runs: Sequence[ProbeRun], *, batch: int, runner: str = "", host: str = "", simulated: bool = False
+    runs: Sequence[ProbeRun], *, batch: int, prefill: str = PREFILLS[0], runner: str = "", host: str = "",
+    simulated: bool = False,
 ) -> dict[int, BucketProfile]:
-    """TTFT_b and TBT_b per bucket from the medians of two probes each."""
+    """TTFT_b and TBT_b per bucket from the medians of two probes each (``prefill``: the target's)."""
+    calls = prefill_calls(batch, prefill)
     now = time.time()
     out: dict[int, BucketProfile] = {}
     for bucket, (r1, r2) in pair_runs(runs).items():
         l1, l2 = r1.probe.output_len, r2.probe.output_len
         t1, t2 = r1.median_s, r2.median_s
-        ttft, tbt = _solve_pair(bucket, r1, r2, batch)
+        ttft, tbt = _solve_pair(bucket, r1, r2, calls)
         out[bucket] = BucketProfile(
             bucket=bucket,
             ttft_s=float(ttft),

@@ -2,7 +2,9 @@
 
 A unit compiled for batch B is B slots. Requests arrive into a FIFO queue; each iteration
 admits waiting requests into free slots (their prompts prefilled one at a time, each
-emitting its first token), then runs one decode step of the whole batch in the
+emitting its first token; with the target's ``prefill = "batched"``, those waiting when the
+iteration begins in one call in the bucket of their longest prompt, every first token at
+its end), then runs one decode step of the whole batch in the
 token-generation bucket of the longest live context, at TBT_b whatever the number of live
 slots. A slot frees when its request ends; an idle device waits for the next arrival.
 
@@ -26,7 +28,6 @@ from .types import Requests
 #: the two serving modes: static batches (lens.compose) or continuous batching (here)
 SERVING_MODES = ("static", "continuous")
 PRIORITIES = ("prefill", "decode")
-PREFILLS = ("sequential", "batched")
 #: slack when comparing the device clock with an arrival (the clock is a sum of floats)
 _EPS = 1e-9
 
@@ -42,9 +43,6 @@ class Scheduler:
         "type": str, "choices": PRIORITIES,
         "help": "prefill: arrivals during an iteration's prefills are admitted before its decode step (vLLM V0, "
                 "vLLM on Neuron); decode: only those waiting when the iteration began (vLLM V1)"})
-    prefill: str = field(default="sequential", metadata={
-        "type": str, "choices": PREFILLS,
-        "help": "how admitted prompts are prefilled: one at a time (NxD Inference ctx_batch_size = 1)"})
 
     def __post_init__(self) -> None:
         if isinstance(self.max_prefills, bool) or not isinstance(self.max_prefills, (int, np.integer)) \
@@ -52,8 +50,6 @@ class Scheduler:
             raise UserError(f"max_prefills = {self.max_prefills!r}: give a whole number >= 0 (0: no cap)")
         if self.prefill_priority not in PRIORITIES:
             raise UserError(f"prefill_priority = {self.prefill_priority!r}: use one of {', '.join(PRIORITIES)}")
-        if self.prefill not in PREFILLS:
-            raise UserError(f"prefill = {self.prefill!r}: use one of {', '.join(PREFILLS)}")
 
 
 def scheduler_of(target) -> Scheduler:
@@ -120,23 +116,24 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
     arr = np.asarray(requests.arrival_s, dtype=np.float64)
     if arr.shape != (n,) or not np.isfinite(arr).all() or (arr < 0).any():
         raise UserError("arrival times must be one finite number >= 0 per request")
-    if scheduler.prefill != "sequential":
-        raise UserError(f"prefill = {scheduler.prefill!r} is not modelled in continuous mode yet; use \"sequential\"")
     check_fit(requests, table)
     lin, lout = requests.input_len, requests.output_len
-    pre = table.ttft_s[select_index(lin, table.ctx_buckets, table.policy)]
+    ci = select_index(lin, table.ctx_buckets, table.policy)
     cum = _context_prefix(table, table.tbt_s)
     order = np.argsort(arr, kind="stable")
-    admit, first, finish, steps, busy, slot_tokens = _event_loop(
-        arr[order], lin[order], lout[order], pre[order], cum, _context_prefix(table, table.tkg_buckets.astype(float)),
+    admit, first, finish, steps, busy, slot_tokens, calls = _event_loop(
+        arr[order], lin[order], lout[order], ci[order], table.ttft_s, cum,
+        _context_prefix(table, table.tkg_buckets.astype(float)),
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
+        batched=table.prefill == "batched",
     )
     out = [np.empty(n) for _ in range(3)]
     for dst, src in zip(out, (admit, first, finish)):
         dst[order] = src
-    ci = select_index(lin, table.ctx_buckets, table.policy)
     used_pre = float(lin.sum())
-    slots_pre = float(table.ctx_buckets[ci].sum())
+    # a batched call computes every row of its compiled shape; a sequential prefill one prompt
+    slots_pre = float(table.ctx_buckets[calls].sum() * table.batch if table.prefill == "batched"
+                      else table.ctx_buckets[ci].sum())
     dsteps = np.maximum(lout - 1, 0)
     useful_dec = float((dsteps * lin + dsteps * (dsteps + 1) // 2).sum())
     return ServingPrediction(
@@ -147,14 +144,20 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
     )
 
 
-def _event_loop(arr, lin, lout, pre, cum, cum_slots, *, batch: int, cap: int, eager: bool):
+def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
+    ``ci``: each request's context-encoding bucket index; ``ttft``: TTFT_b per bucket (one
+    request's prefill, or with ``batched`` one call of the whole compiled batch).
     Returns per-request admission, first-token and last-token times, the number of decode
-    steps, the busy seconds and the KV positions the decode steps computed (for padding).
+    steps, the busy seconds, the KV positions the decode steps computed (for padding) and
+    the bucket index of every batched prefill call.
     """
     n = len(arr)
-    arr_l, lin_l, lout_l, pre_l = arr.tolist(), lin.tolist(), lout.tolist(), pre.tolist()
+    arr_l, lin_l, lout_l, ci_l = arr.tolist(), lin.tolist(), lout.tolist(), ci.tolist()
+    ttft_l = ttft.tolist()
+    pre_l = [ttft_l[c] for c in ci_l]
+    calls: list[int] = []
     admit, first, finish = [0.0] * n, [0.0] * n, [0.0] * n
     # a request admitted when G decode steps have run has context base + s at global step s
     # (base = l_in - G) and takes its last step at end = G + l_out - 1
@@ -165,20 +168,35 @@ def _event_loop(arr, lin, lout, pre, cum, cum_slots, *, batch: int, cap: int, ea
     busy = slot_tokens = 0.0
     searchsorted = np.searchsorted
     while done < n:
-        # -- admission: free slots take waiting requests (FIFO), prompts prefilled one at a time
+        # -- admission: free slots take waiting requests (FIFO)
         if free and qi < n and arr_l[qi] <= t + _EPS:
-            horizon = t
-            k = 0
-            while free and qi < n and (cap == 0 or k < cap) and arr_l[qi] <= (t if eager else horizon) + _EPS:
-                i = qi
-                qi += 1
-                k += 1
-                admit[i] = t
-                t += pre_l[i]
-                busy += pre_l[i]
-                first[i] = t
+            horizon, took = t, []
+            if batched:  # those waiting now, one row each of ONE call in the bucket of their longest prompt
+                j = qi
+                while j < n and j - qi < free and (cap == 0 or j - qi < cap) and arr_l[j] <= horizon + _EPS:
+                    j += 1
+                took, qi = list(range(qi, j)), j
+                call = max(ci_l[i] for i in took)
+                calls.append(call)
+                t += ttft_l[call]
+                busy += ttft_l[call]
+                for i in took:
+                    admit[i], first[i] = horizon, t
+            else:  # prompts prefilled one at a time, each emitting its first token
+                seats = free
+                while seats and qi < n and (cap == 0 or len(took) < cap) \
+                        and arr_l[qi] <= (t if eager else horizon) + _EPS:
+                    i = qi
+                    qi += 1
+                    admit[i] = t
+                    t += pre_l[i]
+                    busy += pre_l[i]
+                    first[i] = t
+                    seats -= lout_l[i] > 1
+                    took.append(i)
+            for i in took:
                 if lout_l[i] == 1:  # done at its first token; its slot is free again at once
-                    finish[i] = t
+                    finish[i] = first[i]
                     done += 1
                     continue
                 free -= 1
@@ -214,4 +232,4 @@ def _event_loop(arr, lin, lout, pre, cum, cum_slots, *, batch: int, cap: int, ea
             free += 1
             nlive -= 1
             done += 1
-    return admit, first, finish, g, busy, slot_tokens * batch
+    return admit, first, finish, g, busy, slot_tokens * batch, np.asarray(calls, dtype=np.int64)

@@ -11,6 +11,9 @@ import numpy as np
 POLICIES = ("exclusive", "inclusive")
 #: how a batch decodes: one shape for the whole batch, or each request in its own buckets
 BATCHING = ("static", "ragged")
+#: how a batch's prompts are encoded: one request at a time, or the whole batch in one call;
+#: the first is ``Target.prefill``'s default, which code that takes a prefill mode defaults to
+PREFILLS = ("sequential", "batched")
 #: bytes per element of each dtype a target may name
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 DTYPES = tuple(DTYPE_BYTES)
@@ -62,6 +65,10 @@ class Target:
     batching: str = field(default="static", metadata={
         "type": str, "choices": BATCHING,
         "help": "static (the batch decodes as one shape) or ragged (each request in its own bucket)"})
+    prefill: str = field(default=PREFILLS[0], metadata={
+        "type": str, "choices": PREFILLS,
+        "help": "sequential (a batch's prompts encoded one at a time: NxD Inference's ctx_batch_size = 1) or "
+                "batched (in one call of shape (batch, bucket of the longest prompt): vLLM, NxD ctx_batch_size = batch)"})
 
     def option(self, key: str, default: Any = None) -> Any:
         for k, v in self.options:
@@ -80,6 +87,7 @@ class Target:
             "options": dict(self.options),
             "seed": self.seed,
             "batching": self.batching,
+            "prefill": self.prefill,
         }
 
 
@@ -172,7 +180,13 @@ class ProfileResult:
 
 @dataclass(frozen=True)
 class BucketProfile:
-    """TTFT_b and TBT_b of one bucket of one unit, with the raw runs and provenance."""
+    """TTFT_b and TBT_b of one bucket of one unit, with the raw runs and provenance.
+
+    ``ttft_s`` is one prefill call in the bucket, as the target's ``prefill`` runs it
+    (lens.probes): one request's prompt when ``sequential``; the unit's whole batch of
+    prompts in one call of shape (batch, bucket) when ``batched``. The two never meet in
+    one cache: a batched target's fingerprint differs (runners.base).
+    """
 
     bucket: int
     ttft_s: float

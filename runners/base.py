@@ -82,6 +82,10 @@ class Runner(ABC):
             "policy": t.bucket_policy,
             "model": t.model.to_dict(),
             "versions": self.versions(),
+            # a batched target's TTFT_b is one call of the whole batch, a sequential one's one
+            # request's prefill (lens.probes): the two never share profiles. Sequential is left
+            # out so a target keeps the fingerprint it had before the setting existed.
+            **({"prefill": t.prefill} if t.prefill != "sequential" else {}),
         }
 
     def versions(self) -> dict[str, str]:

@@ -108,7 +108,7 @@ def _load_table(args, space, cand, runner) -> UnitTable:
         with ProfileCache.open(path, create=False) as cache:
             profiles = cache.get_unit(fp, cand.tp, cand.batch)
     try:
-        return UnitTable.build(cand, profiles, policy=space.target.bucket_policy)
+        return UnitTable.build(cand, profiles, policy=space.target.bucket_policy, prefill=space.target.prefill)
     except MissingProfiles as exc:
         missing = sorted({b for v in exc.missing.values() for b in v})
         cmd = ["lensopt", "profile", str(space.path), "--tp", str(cand.tp), "--batch", str(cand.batch),

@@ -34,6 +34,7 @@ def pinned_space(space: Space, c: Candidate) -> str:
         f"dtype = {_toml_value(t.dtype)}",
         f"seed = {t.seed}",
         f"batching = {_toml_value(space.target.batching)}",
+        f"prefill = {_toml_value(t.prefill)}",
         "",
         "[target.model]",
         *[f"{k} = {v}" for k, v in t.model.to_dict().items()],

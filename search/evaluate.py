@@ -151,7 +151,8 @@ class Evaluator:
         if prof is None:
             return Evaluation(c, source="", infeasible=None)
         try:
-            tbl = UnitTable.build(c, prof, policy=self.space.target.bucket_policy)
+            tbl = UnitTable.build(c, prof, policy=self.space.target.bucket_policy,
+                                  prefill=self.space.target.prefill)
             pred = predict(tbl, self.requests, mode=self.space.target.batching)
         except LensoptError as exc:
             return Evaluation(c, infeasible=str(exc))

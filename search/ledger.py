@@ -154,7 +154,7 @@ class RunLedger:
             target = None if t is None else Target(
                 name=t["name"], runner=t["runner"], hardware=t["hardware"], bucket_policy=t["bucket_policy"],
                 dtype=t["dtype"], model=ModelShape(**t["model"]), options=tuple(sorted(t["options"].items())),
-                seed=t["seed"], batching=t.get("batching", "static"))
+                seed=t["seed"], batching=t.get("batching", "static"), prefill=t.get("prefill", "sequential"))
             w = d.get("workload")
             chosen = d.get("chosen")
             return cls(

@@ -103,7 +103,7 @@ def measure_unit(
         compile_s += result.compile_s
         run_s += result.run_s
         for b, pair in pair_runs(result.runs).items():
-            v = assess(*pair, batch=batch, max_spread=profile.max_spread)
+            v = assess(*pair, batch=batch, max_spread=profile.max_spread, prefill=target.prefill)
             # keep the better measurement of each bucket over the attempts
             if b not in best or _rank(v, pair) < _rank(verdict[b], best[b]):
                 best[b], verdict[b] = pair, v
@@ -119,7 +119,8 @@ def measure_unit(
             f"{', '.join(map(str, history))} repeats; the unit is left out)"
         )
     runs = [r for b in want for r in best[b]]
-    profiles = solve(runs, batch=batch, runner=runner.name, host=result.host, simulated=result.simulated)
+    profiles = solve(runs, batch=batch, prefill=target.prefill, runner=runner.name, host=result.host,
+                     simulated=result.simulated)
     noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict.get(b)}
     return UnitMeasurement(
         tp=tp,

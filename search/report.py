@@ -113,7 +113,7 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
                f"nothing was measured or confirmed on hardware.**\n\n")
     lines = [f"# lensopt search: {t.name}\n", sim,
              f"- target: runner `{t.runner}` on `{t.hardware}`, model {t.model.to_dict()}, dtype {t.dtype}, "
-             f"policy {t.bucket_policy}, batching {space.target.batching}",
+             f"policy {t.bucket_policy}, batching {space.target.batching}, prefill {t.prefill}",
              f"- fingerprint `{ledger.fingerprint}`; space `{ledger.space}` (sha256 {ledger.space_sha256[:12]})",
              f"- workload: {ledger.workload.to_json() if ledger.workload else None}",
              f"- objectives: maximise `{space.objectives.throughput}`, minimise `{space.objectives.latency}`; "

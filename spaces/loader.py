@@ -165,7 +165,7 @@ def _target(path: Path, data) -> Target:
     target = Target(
         model=model,
         options=tuple(sorted(options.items())),
-        **s.settings(Target, "name", "runner", "hardware", "bucket_policy", "dtype", "seed", "batching"),
+        **s.settings(Target, "name", "runner", "hardware", "bucket_policy", "dtype", "seed", "batching", "prefill"),
     )
     try:
         options_schema = runner_class(runner).options_schema

@@ -21,7 +21,10 @@ UNIT_COLUMNS = (
     "fingerprint", "tp", "batch", "target_json", "runner", "versions_json", "host",
     "compile_s", "run_s", "created_at",
 )
-#: the columns of the ``profiles`` table, of ``ProfileCache.frame()``, and of export/import files
+#: the columns of the ``profiles`` table, of ``ProfileCache.frame()``, and of export/import files.
+#: ``ttft_s`` is one prefill call in the bucket as the target runs it (``lens.types.BucketProfile``):
+#: one request's prompt under ``prefill = "sequential"``, the whole batch's under ``"batched"``; a
+#: batched target has a fingerprint of its own, so one fingerprint's rows all mean the same
 PROFILE_COLUMNS = (
     "fingerprint", "tp", "batch", "bucket", "ttft_s", "tbt_s", "input_len", "l1", "l2",
     "t1_s", "t2_s", "raw_t1", "raw_t2", "repeats", "spread", "runner", "host",

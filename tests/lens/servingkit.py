@@ -12,6 +12,7 @@ def prof(b):
                          repeats=1, spread=0)
 
 
-def table(batch, policy="exclusive"):
+def table(batch, policy="exclusive", prefill="sequential"):
+    """With ``prefill = "batched"`` TTFT is one call of the whole batch in the bucket."""
     cand = Candidate(tp=1, batch=batch, ctx_buckets=(8, 16), tkg_buckets=(8, 16))
-    return UnitTable.build(cand, {8: prof(8), 16: prof(16)}, policy=policy)
+    return UnitTable.build(cand, {8: prof(8), 16: prof(16)}, policy=policy, prefill=prefill)

@@ -17,9 +17,9 @@ def prof(b, ttft, tbt):
 PROFILES = {4: prof(4, 1.0, 0.1), 8: prof(8, 2.0, 0.2), 16: prof(16, 4.0, 0.4)}
 
 
-def table(batch=1, policy="exclusive", buckets=BUCKETS, tkg=None):
+def table(batch=1, policy="exclusive", buckets=BUCKETS, tkg=None, prefill="sequential"):
     cand = Candidate(tp=1, batch=batch, ctx_buckets=buckets, tkg_buckets=tkg or buckets)
-    return UnitTable.build(cand, PROFILES, policy=policy)
+    return UnitTable.build(cand, PROFILES, policy=policy, prefill=prefill)
 
 
 # -- bucket selection -------------------------------------------------------------------
@@ -127,6 +127,53 @@ def test_one_token_request_ends_at_its_first_token():
     assert p.e2e_s == pytest.approx([1.0, 2.0 + 0.1 + 0.2])  # contexts 3 (bucket 4), 4 (bucket 8)
 
 
+# -- batched prefill: one call per batch, in the bucket of its longest prompt ----------------
+
+def test_batched_prefill_hand_computed():
+    # the static case above, prompts in one call: longest prompt 6 -> bucket 8 -> 2.0 for both
+    # decode t=1: max ctx 7 -> bucket 8: 0.2 (B ends at 2.2); t=2: A ctx 4 -> bucket 8: 0.2 (A at 2.4)
+    p = predict(table(batch=2, prefill="batched"), Requests([2, 6], [3, 2]))
+    assert p.ttft_s == pytest.approx([2.0, 2.0])
+    assert p.e2e_s == pytest.approx([2.4, 2.2])
+    assert p.batch_s == pytest.approx([2.4])
+    assert p.tpot_s == pytest.approx([0.2, 0.2])
+
+
+def test_batched_prefill_short_last_batch_runs_the_whole_shape():
+    # batches [r0, r1] and [r2 + a padding row]: each one call in bucket 4 (1.0), decode ctx 3 (0.1);
+    # the padding row costs nothing extra (TTFT_4 is already the call of the whole compiled batch)
+    p = predict(table(batch=2, prefill="batched"), Requests([2, 2, 2], [2, 2, 2]))
+    assert p.ttft_s == pytest.approx([1.0, 1.0, 1.0])
+    assert p.e2e_s == pytest.approx([1.1, 1.1, 1.1])
+    assert p.batch_s == pytest.approx([1.1, 1.1])
+    # the calls compute 2 batches x 2 rows x 4 tokens for 6 real ones; sequential pads only
+    # each real prompt to its bucket (3 x 4 slots)
+    assert p.prefill_padding == pytest.approx(1 - 6 / 16)
+    assert predict(table(batch=2), Requests([2, 2, 2], [2, 2, 2])).prefill_padding == pytest.approx(1 - 6 / 12)
+
+
+def test_batched_prefill_one_token_request_and_ragged_decode():
+    # one call in bucket 8 (longest prompt 6): 2.0; r0 ends at its first token, r1 decodes
+    # contexts 7 (bucket 8: 0.2) and 8 (exclusive -> bucket 16: 0.4)
+    p = predict(table(batch=2, prefill="batched"), Requests([2, 6], [1, 3]))
+    assert p.e2e_s == pytest.approx([2.0, 2.6])
+    # ragged decode after one call: the static-case batch, each request paying its own bucket / B
+    p = predict(table(batch=2, prefill="batched"), Requests([2, 6], [3, 2]), mode="ragged")
+    assert p.e2e_s == pytest.approx([2.0 + 0.25, 2.0 + 0.15])
+
+
+def test_batched_prefill_bucket_follows_the_longest_prompt_under_each_policy():
+    # prompts 4 and 1: exclusive runs 4 in bucket 8 (2.0), inclusive in bucket 4 (1.0)
+    req = Requests([1, 4], [1, 1])
+    assert predict(table(batch=2, prefill="batched"), req).ttft_s == pytest.approx([2.0, 2.0])
+    assert predict(table(batch=2, policy="inclusive", prefill="batched"), req).ttft_s == pytest.approx([1.0, 1.0])
+
+
+def test_unknown_prefill_is_a_user_error():
+    with pytest.raises(UserError, match="prefill"):
+        table(prefill="chunked")
+
+
 def test_separate_ctx_and_tkg_sets():
     t = table(batch=1, buckets=(8, 16), tkg=(16,))
     p = predict(t, Requests([2], [3]))
@@ -142,14 +189,17 @@ def test_missing_profiles_are_reported():
 
 # -- against a step-by-step reference ------------------------------------------------------
 
-def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode):
+def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode, prefill="sequential"):
     """Naive step-by-step composition, the definition written as loops."""
     e2e, ttft = [], []
     for s in range(0, len(lin), batch):
         L, O = lin[s:s + batch], lout[s:s + batch]
         t = 0.0
         tt = []
-        for l in L:
+        if prefill == "batched":  # one call in the bucket of the longest prompt, all first tokens at its end
+            t = tbl_profiles[select(max(L), buckets, policy)].ttft_s
+            tt = [t] * len(L)
+        for l in L if prefill == "sequential" else ():
             t += tbl_profiles[select(l, buckets, policy)].ttft_s
             tt.append(t)
         done = [None] * len(L)
@@ -173,17 +223,18 @@ def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode):
     return np.array(ttft), np.array(e2e)
 
 
+@pytest.mark.parametrize("prefill", ["sequential", "batched"])
 @pytest.mark.parametrize("mode", ["static", "ragged"])
 @pytest.mark.parametrize("policy", ["exclusive", "inclusive"])
 @pytest.mark.parametrize("batch", [1, 3, 4])
-def test_vectorised_matches_step_by_step(mode, policy, batch):
+def test_vectorised_matches_step_by_step(mode, policy, batch, prefill):
     rng = np.random.default_rng(batch)
     n = 23
     lin = rng.integers(1, 12, n)
     lout = np.array([rng.integers(1, 16 - l + 2) for l in lin])
     lout = np.minimum(lout, 16 - lin + 1)
-    ref_ttft, ref_e2e = reference(PROFILES, BUCKETS, policy, batch, lin.tolist(), lout.tolist(), mode)
-    p = predict(table(batch=batch, policy=policy), Requests(lin, lout), mode=mode)
+    ref_ttft, ref_e2e = reference(PROFILES, BUCKETS, policy, batch, lin.tolist(), lout.tolist(), mode, prefill)
+    p = predict(table(batch=batch, policy=policy, prefill=prefill), Requests(lin, lout), mode=mode)
     assert p.ttft_s == pytest.approx(ref_ttft)
     assert p.e2e_s == pytest.approx(ref_e2e)
 

@@ -64,3 +64,19 @@ def test_solve_refuses_non_increasing_times():
     p1, p2 = plan_probes((64,), policy="exclusive", max_output=128, repeats=3)
     with pytest.raises(RunnerError, match="not slower"):
         solve([ProbeRun(p1, (1.0,)), ProbeRun(p2, (0.9,))], batch=1)
+
+
+def test_solve_batched_prefill_keeps_the_one_call():
+    # batched prefill: a probe of B identical requests costs ONE call P_b plus its decode steps,
+    # T(L) = P_b + (L - 1) TBT_b, so TTFT_b is P_b itself, not P_b / B
+    call, tbt, batch = 0.12, 0.002, 4
+    probes = plan_probes((64, 128), policy="exclusive", max_output=128, repeats=1)
+    runs = [ProbeRun(p, (call + (p.output_len - 1) * tbt,)) for p in probes]
+    batched = solve(runs, batch=batch, prefill="batched")
+    sequential = solve(runs, batch=batch)
+    for b in (64, 128):
+        assert batched[b].ttft_s == pytest.approx(call, rel=1e-9)
+        assert batched[b].tbt_s == pytest.approx(tbt, rel=1e-9)
+        assert sequential[b].ttft_s == pytest.approx(call / batch, rel=1e-9)  # the same runs, read as B prefills
+    with pytest.raises(UserError, match="prefill"):
+        solve(runs, batch=batch, prefill="chunked")

@@ -12,8 +12,9 @@ from lens.types import Requests
 from servingkit import TBT, TTFT, table  # tests/lens is on sys.path (pytest rootdir imports)
 
 
-def run(batch, lin, lout, arr, **sched):
-    return predict_serving(table(batch), Requests(lin, lout, np.asarray(arr, float)), scheduler=Scheduler(**sched))
+def run(batch, lin, lout, arr, prefill="sequential", **sched):
+    return predict_serving(table(batch, prefill=prefill), Requests(lin, lout, np.asarray(arr, float)),
+                           scheduler=Scheduler(**sched))
 
 
 def close(a, b):
@@ -99,7 +100,47 @@ def test_padding_fractions():
     close([p.prefill_padding, p.decode_padding], [1 - 3 / 8, 1 - 4 / 8])
 
 
-def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive"):
+# -- batched prefill: the requests waiting when an iteration begins share one call -------------
+
+def test_batched_admission_by_hand():
+    # B = 2. t=0: only r0 waits: one call in bucket 8 (1.0). Step 1 (context 4, 0.1) -> 1.1.
+    # r1 (arrived 0.05) gets the free slot: its own call (prompt 5, bucket 8) -> 2.1; r2 waits (no slot).
+    # step 2: contexts r0 5, r1 6 -> 0.1 -> 2.2, both end. r2: call -> 3.2, steps 3, 4, 5 -> 3.5.
+    p = run(2, [3, 5, 2], [3, 2, 4], [0.0, 0.05, 0.1], prefill="batched")
+    close(p.admit_s, [0.0, 1.1, 2.2])
+    close(p.first_s, [1.0, 2.1, 3.2])
+    close(p.finish_s, [2.2, 2.2, 3.5])
+
+
+def test_batched_admission_shares_one_call_in_the_bucket_of_the_longest_prompt():
+    # both wait at 0: one call in bucket 16 (prompt 9): 2.0, both first tokens then;
+    # one step at context 10 (bucket 16): 0.3. Sequential: 1.0 then 2.0 more.
+    p = run(2, [3, 9], [2, 2], [0.0, 0.0], prefill="batched")
+    close(p.first_s, [2.0, 2.0])
+    close(p.finish_s, [2.3, 2.3])
+    close([p.prefill_padding], [1 - 12 / 32])  # one call of 2 rows x 16 tokens for 12 real ones
+    close(run(2, [3, 9], [2, 2], [0.0, 0.0]).first_s, [1.0, 3.0])
+
+
+def test_batched_admission_takes_only_those_waiting_when_it_begins():
+    # r1 arrives during r0's call: it waits for the next iteration even with prefill_priority "prefill"
+    p = run(2, [3, 3], [2, 2], [0.0, 0.5], prefill="batched")
+    close(p.first_s, [1.0, 2.1])
+    close(p.finish_s, [1.1, 2.2])
+
+
+def test_batched_admission_respects_free_slots_and_max_prefills():
+    # B = 3, three waiting, cap 2: one call for r0 and r1, a decode step, then r2's call
+    p = run(3, [3, 3, 3], [3, 3, 3], [0.0, 0.0, 0.0], prefill="batched", max_prefills=2)
+    close(p.first_s, [1.0, 1.0, 2.1])
+    close(p.finish_s, [2.2, 2.2, 2.3])
+    # B = 1: a one-token request takes the call's one row; the next waits for its own call
+    p = run(1, [2, 2], [1, 3], [0.0, 0.0], prefill="batched")
+    close(p.first_s, [1.0, 2.0])
+    close(p.finish_s, [1.0, 2.2])
+
+
+def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", prefill="sequential"):
     """The machine of docs/serving.md stepped one decode iteration at a time (no jumps)."""
     n = len(lin)
     order = sorted(range(n), key=lambda i: (arr[i], i))
@@ -108,7 +149,21 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive"):
     t, q = 0.0, 0
     while any(f is None for f in finish):
         horizon, k = t, 0
-        while len(slots) < batch and q < n and (cap == 0 or k < cap) and arr[order[q]] <= (t if eager else horizon) + 1e-9:
+        took = []  # batched: the requests waiting now, one row each of one call
+        while prefill == "batched" and len(slots) + len(took) < batch and q < n and (cap == 0 or len(took) < cap) \
+                and arr[order[q]] <= horizon + 1e-9:
+            took.append(order[q])
+            q += 1
+        if took:
+            t += TTFT[select(max(lin[i] for i in took), (8, 16), policy)]
+            for i in took:
+                first[i] = t
+                if lout[i] == 1:
+                    finish[i] = t
+                else:
+                    slots[i] = 0
+        while prefill == "sequential" and len(slots) < batch and q < n and (cap == 0 or k < cap) \
+                and arr[order[q]] <= (t if eager else horizon) + 1e-9:
             i = order[q]
             q, k = q + 1, k + 1
             t += TTFT[select(lin[i], (8, 16), policy)]
@@ -131,8 +186,9 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive"):
     return np.asarray(first), np.asarray(finish)
 
 
+@pytest.mark.parametrize("prefill", ["sequential", "batched"])
 @pytest.mark.parametrize("seed", range(12))
-def test_event_jumps_match_stepping_every_iteration(seed):
+def test_event_jumps_match_stepping_every_iteration(seed, prefill):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 40))
     batch = int(rng.integers(1, 5))
@@ -141,9 +197,10 @@ def test_event_jumps_match_stepping_every_iteration(seed):
     arr = np.round(np.cumsum(rng.exponential(rng.choice([0.05, 0.5, 3.0]), n)) * rng.integers(0, 2, n), 2)
     cap = int(rng.integers(0, 3))
     eager = bool(rng.integers(0, 2))
-    p = predict_serving(table(batch), Requests(lin, lout, arr),
+    p = predict_serving(table(batch, prefill=prefill), Requests(lin, lout, arr),
                         scheduler=Scheduler(max_prefills=cap, prefill_priority="prefill" if eager else "decode"))
-    first, finish = reference(batch, lin.tolist(), lout.tolist(), arr.tolist(), cap=cap, eager=eager)
+    first, finish = reference(batch, lin.tolist(), lout.tolist(), arr.tolist(), cap=cap, eager=eager,
+                              prefill=prefill)
     np.testing.assert_allclose(p.first_s, first, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(p.finish_s, finish, rtol=1e-9, atol=1e-9)
 
@@ -166,8 +223,6 @@ def test_refusals_are_one_line_user_errors():
         predict_serving(t, Requests([3], [2], np.array([-1.0])))
     with pytest.raises(UserError, match="request 1"):
         predict_serving(t, Requests([3, 17], [2, 2], np.array([0.0, 1.0])))
-    with pytest.raises(UserError, match="batched"):
-        predict_serving(t, Requests([3], [2], np.array([0.0])), scheduler=Scheduler(prefill="batched"))
     with pytest.raises(UserError, match="max_prefills"):
         Scheduler(max_prefills=-1)
     with pytest.raises(UserError, match="prefill_priority"):

@@ -488,4 +488,4 @@ def test_continuous_keys_are_sent_only_in_continuous_mode(tmp_path):
     assert "mode" not in static and "arrival_s" not in static["requests"] and "scheduler" not in static
     assert cont["mode"] == "continuous"
     assert cont["requests"]["arrival_s"] == [0.0, 0.0, 0.02, 0.5]
-    assert cont["scheduler"] == {"max_prefills": 0, "prefill_priority": "prefill", "prefill": "sequential"}
+    assert cont["scheduler"] == {"max_prefills": 0, "prefill_priority": "prefill"}

@@ -52,8 +52,17 @@ def test_a_file_that_leaves_settings_out_gets_the_schema_defaults(tmp_path):
     assert sp.workload == WorkloadSpec(distribution="sharegpt")
     for f in ("max_buckets", "tie_buckets"):
         assert getattr(sp.search, f) == schema.default(SearchSpace, f)
-    for f in ("bucket_policy", "dtype", "seed", "batching"):
+    for f in ("bucket_policy", "dtype", "seed", "batching", "prefill"):
         assert getattr(sp.target, f) == schema.default(Target, f)
+
+
+def test_target_prefill_is_read_and_checked(tmp_path):
+    p = tmp_path / "batched.toml"
+    p.write_text(MINIMAL.replace('hardware = "inf2"', 'hardware = "inf2"\nprefill = "batched"'))
+    assert load_space(p).target.prefill == "batched"
+    p.write_text(MINIMAL.replace('hardware = "inf2"', 'hardware = "inf2"\nprefill = "chunked"'))
+    with pytest.raises(SpaceError, match=re.escape("target.prefill = 'chunked' is not one of sequential, batched")):
+        load_space(p)
 
 
 @pytest.mark.parametrize(("table", "cls"), [("profile", ProfileSettings), ("budget", Budget), ("workload", WorkloadSpec)])
