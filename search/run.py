@@ -5,8 +5,9 @@
    With nothing measured and no analytical prior, one anchor unit is profiled first.
 3. Rounds of an Optuna multi-objective study (NSGA-II by default) on *predictions*:
    measured profiles where the unit has them, a prior estimate where it does not.
-   After each round the units of the current front (and of candidates close to it) that
-   have no measured profile are profiled as Ray tasks, one per unit; their candidates are
+   After each round the units of the current (estimated) front that have no measured
+   profile are profiled as Ray tasks, one per unit, at most a few per round, those that
+   add the most hypervolume first; their candidates are
    enqueued again so the sampler sees the measured values.  This repeats until the front
    stands on measured units only, or the profiling budget is spent.
 4. The final front keeps only candidates predicted from measured profiles; the top-k are

@@ -17,12 +17,8 @@ from .encoding import all_candidates
 from .evaluate import Evaluation
 from .pareto import hypervolume, pareto_mask
 
-#: candidates within this factor of the front on both objectives make their unit promising
-NEAR_FRONT = 0.0
 #: most units profiled per round: later rounds see better priors, so fewer wasted units
 UNITS_PER_ROUND = 4
-#: a unit is profiled only if its candidates could add this share of the front's hypervolume
-MIN_HV_GAIN = 0.0
 #: most bucket sets of one measured unit evaluated exhaustively
 SWEEP_CAP = 4096
 #: candidates shown as the nearest ones when none meets the SLO
@@ -78,15 +74,15 @@ def promising_units(
     *,
     failed: Container[Unit],
     missing: Callable[[Candidate], Iterable[int]],
-    near: float = NEAR_FRONT,
     per_round: int = UNITS_PER_ROUND,
-    min_gain: float = MIN_HV_GAIN,
 ) -> dict[Unit, list[int]]:
-    """Unmeasured buckets of the units of candidates on (or within ``near`` of) the front.
+    """Unmeasured buckets of the units of candidates on the estimated front.
 
     ``evals`` are every evaluated candidate, estimated or measured; ``missing(c)`` lists the
     buckets a candidate needs that its unit has no measured profile for. The units are
-    ranked by the hypervolume their candidates could add; at most ``per_round`` of them.
+    ranked by the hypervolume their candidates add to the front; at most ``per_round`` of
+    them. A candidate behind the front, however close, does not make its unit promising:
+    the rounds stop when the front stands on measured units.
     """
     front = front_of(evals, space)
     if not front:
@@ -103,15 +99,11 @@ def promising_units(
         if slo_reachable and not e.meets_slo(space):
             continue
         t, l = e.values(space)
-        close = np.any((t * (1 + near) >= fv[:, 0]) & (l * (1 - near) <= fv[:, 1])) if len(fv) else True
-        if close:
+        # on the front: no worse than one of its points on both objectives (an equal
+        # prediction with more buckets counts too: its unit is the same)
+        if not len(fv) or np.any((t >= fv[:, 0]) & (l <= fv[:, 1])):
             out.setdefault(unit, set()).update(missing(e.candidate))
             gain[unit] = max(gain.get(unit, 0.0), hv_gain(e, front, space))
-    if front and len(fv):
-        # a unit whose candidates would add under min_gain of the front's hypervolume is not
-        # worth a compilation: the prior ranks, the threshold stops the search
-        total = hypervolume(fv[:, 0], fv[:, 1], ref_latency=float(fv[:, 1].max() * 1.1))
-        out = {u: b for u, b in out.items() if total <= 0 or gain[u] >= min_gain * total}
     best = sorted(out, key=lambda u: -gain[u])[:per_round]
     return {u: sorted(out[u]) for u in sorted(best)}
 

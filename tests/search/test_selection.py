@@ -82,6 +82,25 @@ def test_promising_units_are_the_unmeasured_ones_on_the_front():
     assert one == {(1, 2): [64, 128]}  # ranked by the hypervolume it could add
 
 
+def test_a_unit_just_behind_the_front_is_not_promising_and_no_setting_says_otherwise():
+    """What the docs say: the units of candidates on the estimated front are profiled, ranked
+    by the hypervolume they add. No knob widens that to candidates "close to" the front or
+    cuts it by a share of the hypervolume: settings that did nothing are gone."""
+    import inspect
+
+    import search.selection as selection
+
+    sp = space()
+    est = dict(source="estimate:scaling")
+    a, b = ev(1, 1, 10, 1, **est), ev(1, 2, 20, 2, **est)
+    close = ev(1, 4, 19.9, 2.01, **est)  # within 1% of b on both objectives, but dominated by it
+    tiny = ev(2, 1, 10.01, 1.5, **est)  # on the front, adding next to no hypervolume: still profiled
+    got = promising_units([a, b, close, tiny], sp, failed=(), missing=lambda c: [64])
+    assert got == {(1, 1): [64], (1, 2): [64], (2, 1): [64]}
+    assert set(inspect.signature(promising_units).parameters) == {"evals", "space", "failed", "missing", "per_round"}
+    assert not hasattr(selection, "NEAR_FRONT") and not hasattr(selection, "MIN_HV_GAIN")
+
+
 def test_with_no_candidate_meeting_the_slo_the_nearest_are_promising():
     sp = space(slo=((L, 1.0),))
     est = dict(source="estimate:scaling")
