@@ -113,7 +113,9 @@ class Evaluator:
         if hosts.chips_per_host is not None and c.tp > hosts.chips_per_host:
             return f"tp {c.tp} exceeds chips_per_host {hosts.chips_per_host}"
         if hosts.memory_gib_per_chip is not None:
-            need = memory_gib(m, sp.target.dtype, tp=c.tp, batch=c.batch, max_len=max(c.tkg_buckets))
+            # the KV cache holds the longest sequence either phase runs: a context-encoding
+            # bucket longer than every token-generation one still fills its rows
+            need = memory_gib(m, sp.target.dtype, tp=c.tp, batch=c.batch, max_len=max(c.all_buckets))
             if need > hosts.memory_gib_per_chip:
                 return f"needs {need:.1f} GiB per chip for weights and KV cache, {hosts.memory_gib_per_chip:g} GiB available"
         unit = (c.tp, c.batch)
