@@ -1,7 +1,7 @@
 """Finding, recognising, creating and opening the cache file, and what an SQLite failure says about it.
 
 A file is checked before SQLite touches it (the application id in its header), then its
-schema and, with ``PRAGMA quick_check`` on every open (milliseconds for a cache of
+schema (a whole cache of an older schema is brought up to date first, in one transaction) and, with ``PRAGMA quick_check`` on every open (milliseconds for a cache of
 thousands of profiles), its pages: a truncated file or a page of garbage is refused with
 the ``lensopt cache recover`` command before anything reads or writes it. Anything at the
 path that is not a whole cache of our schema is refused and left untouched.
@@ -23,7 +23,8 @@ from typing import Iterator
 from lens.errors import CacheError
 
 from .schema import (
-    APPLICATION_ID, CLAIMS_SQL, OPTIONAL_TABLES, SCHEMA_VERSION, SQLITE_MAGIC, TABLES, initialise,
+    APPLICATION_ID, CLAIMS_SQL, OLDEST_VERSION, OPTIONAL_TABLES, SCHEMA_VERSION, SQLITE_MAGIC, TABLES, initialise,
+    migrate,
 )
 
 #: seconds a writer waits for another process's write lock before giving up
@@ -123,8 +124,8 @@ def _check_header(path: Path) -> None:
         )
 
 
-def _check_schema(con: sqlite3.Connection, path: Path) -> bool:
-    """Refuse a file that is not a whole cache of our schema; True when it has ``claims``."""
+def _schema_version(con: sqlite3.Connection, path: Path) -> int:
+    """The file's schema version; refuse one newer than this code or older than any it migrates."""
     version = con.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise CacheError(
@@ -132,6 +133,35 @@ def _check_schema(con: sqlite3.Connection, path: Path) -> bool:
             f"reads schema {SCHEMA_VERSION}: upgrade lensopt (pip install -U lensopt), or pass --cache PATH "
             f"to use another file"
         )
+    if version < OLDEST_VERSION:
+        raise damaged(path, f"schema version {version}, expected {SCHEMA_VERSION}")
+    return version
+
+
+def _check_pages(con: sqlite3.Connection, path: Path) -> None:
+    # every page of every table and index, structurally: catches a file cut short or a
+    # page of garbage now, before a query stumbles on it or a write makes it worse
+    verdict = [r[0] for r in con.execute("PRAGMA quick_check(5)")]
+    if verdict != ["ok"]:
+        raise damaged(path, "integrity check: " + "; ".join(verdict))
+
+
+def _migrate(path: Path, version: int) -> None:
+    """Bring a whole cache of an older schema up to date, in one transaction (see ``schema.migrate``)."""
+    con = _connect(path, "rw")
+    try:
+        migrate(con)
+    except sqlite3.OperationalError as exc:  # a step met a table it did not expect: not a cache of that version
+        if _sqlite_error(path, exc) is not None:
+            raise
+        raise damaged(path, f"schema version {version} could not be brought to {SCHEMA_VERSION} ({exc})") from None
+    finally:
+        con.close()
+
+
+def _check_schema(con: sqlite3.Connection, path: Path) -> bool:
+    """Refuse a file that is not a whole cache of our schema; True when it has ``claims``."""
+    version = _schema_version(con, path)
     if version != SCHEMA_VERSION:
         raise damaged(path, f"schema version {version}, expected {SCHEMA_VERSION}")
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
@@ -147,11 +177,7 @@ def _check_schema(con: sqlite3.Connection, path: Path) -> bool:
     meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
     if meta.get("schema") != str(SCHEMA_VERSION):
         raise damaged(path, f"meta schema {meta.get('schema')!r}, expected {SCHEMA_VERSION}")
-    # every page of every table and index, structurally: catches a file cut short or a
-    # page of garbage now, before a query stumbles on it or a write makes it worse
-    verdict = [r[0] for r in con.execute("PRAGMA quick_check(5)")]
-    if verdict != ["ok"]:
-        raise damaged(path, "integrity check: " + "; ".join(verdict))
+    _check_pages(con, path)
     return "claims" in names
 
 
@@ -210,6 +236,15 @@ def open_connection(path: Path, *, create: bool) -> sqlite3.Connection:
         _create(path)
     _check_header(path)
     with sql_errors(path):
+        ro = _connect(path, "ro")
+        try:
+            version = _schema_version(ro, path)
+            if version < SCHEMA_VERSION:
+                _check_pages(ro, path)  # a damaged file is never written to, not even to migrate it
+        finally:
+            ro.close()
+        if version < SCHEMA_VERSION:
+            _migrate(path, version)
         ro = _connect(path, "ro")
         try:
             has_claims = _check_schema(ro, path)

@@ -4,6 +4,12 @@ A file is recognised as a lensopt cache by ``PRAGMA application_id`` (read strai
 the 100-byte SQLite header), then by ``PRAGMA user_version`` (:data:`SCHEMA_VERSION`) and
 the ``meta`` table. The ``claims`` table is an optional part of schema 1: files written
 before it existed get it on their first read-write open.
+
+A file of an older schema is brought to :data:`SCHEMA_VERSION` on open by the steps of
+:data:`MIGRATIONS`, one transaction for all of them: its profiles stay as they were.
+
+- schema 2: the ``failures`` table (units whose profiling failed in a way that would
+  repeat: out of device memory, a runner's refusal).
 """
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import time
 #: "LENS" in ASCII: marks an SQLite file as a lensopt profile cache
 APPLICATION_ID = 0x4C454E53
 #: the schema this code reads and writes (``PRAGMA user_version``)
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: the first 16 bytes of every SQLite database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -37,6 +43,8 @@ PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
 INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats")
 FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at")
 CLAIM_COLUMNS = ("fingerprint", "tp", "batch", "buckets", "owner", "claimed_at", "expires_at")
+#: a unit whose profiling failed for good: why (``kind``: the error's class name), where and when
+FAILURE_COLUMNS = ("fingerprint", "tp", "batch", "reason", "kind", "host", "failed_at")
 
 SCHEMA_SQL = """
 CREATE TABLE meta (
@@ -80,8 +88,26 @@ CREATE TABLE profiles (
     PRIMARY KEY (fingerprint, tp, batch, bucket)
 );
 """
+FAILURES_SQL = """
+CREATE TABLE failures (
+    fingerprint TEXT    NOT NULL,
+    tp          INTEGER NOT NULL,
+    batch       INTEGER NOT NULL,
+    reason      TEXT    NOT NULL,
+    kind        TEXT    NOT NULL,
+    host        TEXT    NOT NULL,
+    failed_at   REAL    NOT NULL,
+    PRIMARY KEY (fingerprint, tp, batch)
+)
+"""
 #: table -> columns that every cache of :data:`SCHEMA_VERSION` has
-TABLES = {"meta": ("key", "value"), "units": UNIT_COLUMNS, "profiles": PROFILE_COLUMNS}
+TABLES = {"meta": ("key", "value"), "units": UNIT_COLUMNS, "profiles": PROFILE_COLUMNS, "failures": FAILURE_COLUMNS}
+#: version v -> the statements that bring a cache of version v - 1 to v (each step keeps every row)
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: (FAILURES_SQL,),
+}
+#: the oldest schema a cache may have and still be opened (brought up to date)
+OLDEST_VERSION = 1
 
 #: added to schema 1 later: created on open when missing, so older files stay readable
 CLAIMS_SQL = """
@@ -118,6 +144,7 @@ def initialise(con: sqlite3.Connection) -> None:
     for stmt in SCHEMA_SQL.split(";"):
         if stmt.strip():
             con.execute(stmt)
+    con.execute(FAILURES_SQL)
     con.execute(CLAIMS_SQL)
     con.executemany(
         "INSERT INTO meta (key, value) VALUES (?, ?)",
@@ -127,3 +154,29 @@ def initialise(con: sqlite3.Connection) -> None:
     con.execute("COMMIT")
     # persistent in the header: every later connection opens in WAL mode
     con.execute("PRAGMA journal_mode = WAL")
+
+
+def migrate(con: sqlite3.Connection) -> int:
+    """Bring the cache behind ``con`` (autocommit mode) to :data:`SCHEMA_VERSION`; the version it had.
+
+    One ``BEGIN IMMEDIATE`` transaction: the version is read again under the write lock (a
+    process that opened the file at the same time may have migrated it already), and a step
+    that fails leaves the file exactly as it was.
+    """
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        was = int(con.execute("PRAGMA user_version").fetchone()[0])
+        for v in range(was + 1, SCHEMA_VERSION + 1):
+            for stmt in MIGRATIONS[v]:
+                con.execute(stmt)
+        if was < SCHEMA_VERSION:
+            con.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
+            con.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                        (f"migrated_from_{was}_at", repr(time.time())))
+            con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        con.execute("COMMIT")
+    except BaseException:
+        if con.in_transaction:
+            con.rollback()
+        raise
+    return was

@@ -24,7 +24,9 @@ import pandas as pd
 from lens.types import BucketProfile
 
 from . import claims as _claims
+from . import failures as _failures
 from .claims import Claim
+from .failures import UnitFailure
 from .opening import damaged, open_connection, sql_errors
 from .rows import BadValue, as_int, as_seconds, as_str, empty_profiles_frame, profile_row, to_profile
 from .schema import PROFILE_COLUMNS, UNIT_COLUMNS
@@ -201,10 +203,11 @@ class ProfileCache:
         """Store one profiled unit and its bucket profiles in one transaction.
 
         An existing unit row accumulates ``compile_s``/``run_s`` (the hardware seconds spent
-        on it over time); a bucket profiled again replaces its old profile. Raises
-        ``ValueError`` for an invalid value (negative or NaN time, bucket < 1, ...), in
-        which case nothing of the unit is written. ``release_owner``: the claim that
-        owner holds on the unit ends in the same transaction.
+        on it over time); a bucket profiled again replaces its old profile; a remembered
+        failure of the unit ends (it ran after all). Raises ``ValueError`` for an invalid
+        value (negative or NaN time, bucket < 1, ...), in which case nothing of the unit is
+        written. ``release_owner``: the claim that owner holds on the unit ends in the same
+        transaction.
         """
         if not profiles:
             raise ValueError(f"put_unit({fingerprint}, tp={tp}, batch={batch}): no profiles to store")
@@ -231,6 +234,7 @@ class ProfileCache:
             # rows are checked one by one inside the transaction: a bad one rolls back all
             for p in profiles:
                 con.execute(f"INSERT OR REPLACE {_PROFILE_INSERT}", profile_row(fp, tp_i, batch_i, p))
+            _failures.forget(con, [(fp, tp_i, batch_i)])
             if release_owner is not None:
                 _claims.release(con, [(fp, tp_i, batch_i)], owner=release_owner)
 
@@ -246,11 +250,7 @@ class ProfileCache:
 
         Units left without profiles are dropped too. Returns the number of profiles removed.
         """
-        where, params = [], []
-        for col, val in (("fingerprint", fingerprint), ("tp", tp), ("batch", batch), ("bucket", bucket)):
-            if val is not None:
-                where.append(f"{col} = ?")
-                params.append(val if col == "fingerprint" else int(val))
+        where, params = _unit_filter(fingerprint=fingerprint, tp=tp, batch=batch, bucket=bucket)
         sql = "DELETE FROM profiles" + (" WHERE " + " AND ".join(where) if where else "")
         with self._write() as con:
             n = con.execute(sql, params).rowcount
@@ -259,6 +259,36 @@ class ProfileCache:
                 "p.fingerprint = units.fingerprint AND p.tp = units.tp AND p.batch = units.batch)"
             )
         return int(n)
+
+    # -- failures -----------------------------------------------------------------------
+    def put_failure(self, *, fingerprint: str, tp: int, batch: int, reason: str, kind: str, host: str,
+                    release_owner: str | None = None) -> None:
+        """Remember that a unit failed in a way that would repeat (see :mod:`store.failures`).
+
+        ``release_owner``: the claim that owner holds on the unit ends in the same transaction.
+        """
+        key = (str(fingerprint), int(tp), int(batch))
+        with self._write() as con:
+            _failures.record(con, key, reason=reason, kind=kind, host=host)
+            if release_owner is not None:
+                _claims.release(con, [key], owner=release_owner)
+
+    def get_failure(self, fingerprint: str, tp: int, batch: int) -> UnitFailure | None:
+        """The remembered failure of a unit, or None."""
+        with self._read() as con:
+            return _failures.get(con, (str(fingerprint), int(tp), int(batch)))
+
+    def failures(self, fingerprint: str | None = None) -> pd.DataFrame:
+        """The remembered failures: one row per unit, with ``store.schema.FAILURE_COLUMNS``."""
+        with self._read() as con:
+            return _failures.listed(con, fingerprint)
+
+    def forget_failures(self, *, fingerprint: str | None = None, tp: int | None = None,
+                        batch: int | None = None) -> int:
+        """End the failure records matching every filter given (no filter: all); how many ended."""
+        where, params = _unit_filter(fingerprint=fingerprint, tp=tp, batch=batch)
+        with self._write() as con:
+            return _failures.forget(con, where=" AND ".join(where), params=tuple(params))
 
     def _restore(self, *, units: Sequence[tuple], profiles: Sequence[tuple]) -> None:
         """Write rows already checked by :mod:`store.rows` (salvaged ones), replacing equal keys; one transaction."""
@@ -344,3 +374,13 @@ class ProfileCache:
                 else:
                     counts["skipped"] += 1
         return counts
+
+
+def _unit_filter(**filters: Any) -> tuple[list[str], list[Any]]:
+    """SQL conditions (and their parameters) for the filters given (None: no condition)."""
+    where, params = [], []
+    for col, val in filters.items():
+        if val is not None:
+            where.append(f"{col} = ?")
+            params.append(val if col == "fingerprint" else int(val))
+    return where, params

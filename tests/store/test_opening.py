@@ -10,7 +10,7 @@ import pytest
 from storekit import put, tamper
 
 from lens.errors import CacheError
-from store import APPLICATION_ID, ProfileCache, default_cache_path, resolve_cache_path
+from store import APPLICATION_ID, SCHEMA_VERSION, ProfileCache, default_cache_path, resolve_cache_path
 
 
 def test_file_is_marked_as_ours(tmp_path):
@@ -19,12 +19,12 @@ def test_file_is_marked_as_ours(tmp_path):
     con = sqlite3.connect(path)
     try:
         assert con.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         meta = dict(con.execute("SELECT key, value FROM meta"))
     finally:
         con.close()
-    assert meta["schema"] == "1" and "created_at" in meta and "lensopt_version" in meta
+    assert meta["schema"] == str(SCHEMA_VERSION) and "created_at" in meta and "lensopt_version" in meta
     # reopening an existing cache works and changes nothing of its identity
     ProfileCache.open(path).close()
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
@@ -85,7 +85,7 @@ def test_foreign_files_refused_and_untouched(tmp_path, kind):
 def test_newer_schema_refused(tmp_path):
     path = tmp_path / "p.sqlite"
     ProfileCache.open(path).close()
-    tamper(path, "PRAGMA user_version = 2")
+    tamper(path, f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(CacheError, match="upgrade lensopt"):
         ProfileCache.open(path)
 
