@@ -18,6 +18,8 @@ from .errors import (
     RunnerUnavailable,
     SpaceError,
     TraceError,
+    UnitCannotRun,
+    UnitRefused,
     UserError,
 )
 from .metrics import summarize, summarize_prediction
@@ -52,5 +54,5 @@ __all__ = [
     "load_workload", "read_trace", "fit_to",
     # errors
     "LensoptError", "UserError", "SpaceError", "TraceError", "CacheError", "MissingProfiles", "RunnerError",
-    "DeviceOutOfMemory", "RunnerUnavailable", "NoisyMeasurement",
+    "UnitCannotRun", "DeviceOutOfMemory", "UnitRefused", "RunnerUnavailable", "NoisyMeasurement",
 ]

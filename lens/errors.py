@@ -46,9 +46,23 @@ class RunnerError(LensoptError):
     """A runner failed to compile or measure (hardware, SDK or program failure)."""
 
 
-class DeviceOutOfMemory(RunnerError):
+class UnitCannotRun(RunnerError):
+    """The unit cannot run on this target however often it is tried: never retried, and the
+    profile cache remembers it so that later searches skip it."""
+
+
+class DeviceOutOfMemory(UnitCannotRun):
     """The unit does not fit the device's memory: deterministic, so never worth a retry."""
+
+
+class UnitRefused(UnitCannotRun):
+    """The runner refuses the unit or candidate for good (a shape or setting it cannot run)."""
 
 
 class RunnerUnavailable(UserError):
     """A runner was chosen whose optional dependency is not installed."""
+
+
+def one_line(exc: BaseException, limit: int = 2000) -> str:
+    """``"Class: message"`` on one line (a runner's message may carry a stderr tail), at most ``limit`` characters."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]

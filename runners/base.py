@@ -12,8 +12,9 @@ A runner is constructed from a ``Target`` (no I/O in the constructor) and then:
   with the requests released at their arrival times (``mode="continuous"``, the machine of
   docs/serving.md, for runners that list it in ``modes``).
 
-Hooks with defaults: ``modes`` (the serving modes it runs), ``fingerprint_fields`` (what
-goes into the fingerprint), ``close``.
+Hooks with defaults: ``modes`` (the serving modes it runs), ``batchings`` (the
+``[target] batching`` it executes: static batches only, unless a backend runs ragged
+ones), ``fingerprint_fields`` (what goes into the fingerprint), ``close``.
 """
 from __future__ import annotations
 
@@ -40,9 +41,25 @@ class Runner(ABC):
     options_schema: dict[str, tuple[type, Any]] = {}
     #: serving modes this backend runs: static batches always; "continuous" when it implements it
     modes: tuple[str, ...] = ("static",)
+    #: ``[target] batching`` values this backend executes. A search predicts with the target's
+    #: batching and confirms on the runner: a runner that ran static batches for a ragged target
+    #: would compare ragged predictions with static measurements, so it refuses the target.
+    batchings: tuple[str, ...] = ("static",)
 
     def __init__(self, target: Target):
         self.target = target
+        why = self.refuses_batching(target)
+        if why:
+            raise UserError(why)
+
+    @classmethod
+    def refuses_batching(cls, target: Target) -> str | None:
+        """Why this backend cannot execute ``target.batching`` (None when it can)."""
+        if target.batching in cls.batchings:
+            return None
+        return (f"target.batching = {target.batching!r}: runner {cls.name!r} executes {' and '.join(cls.batchings)} "
+                f"batches only, so its measurements would not be of the machine the predictions model; set "
+                f"batching = \"static\" (`lensopt predict --mode {target.batching}` still predicts it from the profiles)")
 
     # -- the three required methods -------------------------------------------------------
     def fingerprint(self) -> str:

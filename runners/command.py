@@ -20,7 +20,9 @@ Options:
 Every failure of the program (cannot start, non-zero exit, timeout, malformed or
 ill-shaped reply, a reply of another protocol version, an error it reports) raises
 ``RunnerError`` with the exit status and the tail of its stderr, before anything is
-returned, so a failed unit never reaches the profile cache.
+returned, so a failed unit never reaches the profile cache. An error the program marks
+``"kind": "out_of_memory"`` or ``"refused"`` raises ``DeviceOutOfMemory`` or
+``UnitRefused``: it would come back the same, so it is neither retried nor measured again.
 
 The fingerprint holds the version string the program reports (``describe``, asked once per
 runner on first use, never in the constructor) and ``argv`` as written in the space file.
@@ -40,7 +42,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from lens.buckets import check_policy, select_index, validate_buckets
-from lens.errors import RunnerError, UserError
+from lens.errors import DeviceOutOfMemory, RunnerError, UnitRefused, UserError
 from lens.serving import scheduler_of
 from lens.types import Candidate, Probe, ProbeRun, ProfileResult, Requests, Target, Unit, WorkloadRun
 
@@ -56,6 +58,8 @@ STDERR_TAIL_LINES = 20
 STDERR_TAIL_CHARS = 2000
 #: seconds to collect what a killed program left in its pipes
 _DRAIN_S = 5.0
+#: an error document's "kind" -> the failure it is: these would come back the same on every try
+ERROR_KINDS: dict[str, type[RunnerError]] = {"out_of_memory": DeviceOutOfMemory, "refused": UnitRefused}
 
 __all__ = ["PROTOCOL", "PYTHON_PLACEHOLDER", "CommandRunner"]
 
@@ -287,6 +291,7 @@ class CommandRunner(Runner):
         call = self._run_process(op, data)
         reply: dict[str, Any] | None = None
         problem: str | None = None
+        kind: type[RunnerError] = RunnerError
         try:
             reply = _decode(call.stdout)
         except _BadReply as exc:
@@ -303,10 +308,11 @@ class CommandRunner(Runner):
             elif "error" in reply:
                 msg = reply["error"]
                 problem = f"the program reported an error: {msg if isinstance(msg, str) else json.dumps(msg)}"
+                kind = ERROR_KINDS.get(reply.get("kind"), RunnerError) if isinstance(reply.get("kind"), str) else kind
         if call.returncode != 0:
-            raise self._error(call, problem if reply is not None and "error" in reply else None)
+            raise self._error(call, problem if reply is not None and "error" in reply else None, kind)
         if problem is not None:
-            raise self._error(call, problem)
+            raise self._error(call, problem, kind)
         assert reply is not None
         try:
             return parse(reply)
@@ -377,7 +383,7 @@ class CommandRunner(Runner):
             proc.wait()
             return b"", b""
 
-    def _error(self, call: _Call, problem: str | None) -> RunnerError:
+    def _error(self, call: _Call, problem: str | None, kind: type[RunnerError] = RunnerError) -> RunnerError:
         rc = call.returncode
         if rc < 0:
             try:
@@ -392,7 +398,7 @@ class CommandRunner(Runner):
             head += f"; {problem}"
         elif rc != 0:
             head += "; the measurement failed"
-        return RunnerError(head + _stderr_tail(call.stderr))
+        return kind(head + _stderr_tail(call.stderr))
 
 
 # -- reply parsing (pure) -------------------------------------------------------------------

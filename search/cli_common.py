@@ -11,9 +11,8 @@ import numpy as np
 
 from lens.errors import UserError
 from lens.types import BATCHING, Candidate, Requests, Target
-from lens.workload import DEFAULT_REQUESTS
-from spaces import Space, load_space
-from spaces.schema import flag_help
+from spaces import Space, WorkloadDescription, load_requests, load_space
+from spaces.schema import WorkloadSpec, flag_help
 
 
 _INT64_MAX = 2**63 - 1
@@ -66,10 +65,15 @@ def add_unit_args(p: argparse.ArgumentParser, *, buckets_required: bool) -> None
 def add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", metavar="I[,I...]", help="prompt length(s): one value, or one per request of the batch")
     p.add_argument("--output-len", metavar="O[,O...]", help="output length(s): one value, or one per request")
-    p.add_argument("--workload", metavar="FILE|NAME", help="a trace file (CSV/JSONL) or a built-in distribution name")
-    p.add_argument("--requests", type=int_arg,
-                   help=f"sample size from --workload (default: the whole trace, or {DEFAULT_REQUESTS} of a distribution)")
-    p.add_argument("--seed", type=int_arg, default=0, help="sampling seed for --workload")
+    p.add_argument("--workload", metavar="FILE|NAME",
+                   help="a trace file (CSV/JSONL) or a built-in distribution name instead of the space's [workload] "
+                        "(its other settings still apply); with neither this nor lengths, the space's [workload]")
+    p.add_argument("--requests", type=int_arg, help=flag_help(WorkloadSpec, "requests"))
+    p.add_argument("--seed", type=int_arg, help=flag_help(WorkloadSpec, "seed"))
+    p.add_argument("--length-scale", type=float, metavar="F", help=flag_help(WorkloadSpec, "length_scale"))
+    p.add_argument("--drop-longer", action=argparse.BooleanOptionalAction, default=None,
+                   help=flag_help(WorkloadSpec, "drop_longer", "drop sampled requests longer than the largest of "
+                                                               "--buckets instead of stopping with an error"))
     p.add_argument("--mode", choices=BATCHING, help=flag_help(Target, "batching"))
 
 
@@ -100,25 +104,30 @@ def candidate_from_args(args, space: Space) -> Candidate:
     )
 
 
+#: flags that shape a workload sample, and so mean nothing beside explicit lengths
+_SAMPLE_FLAGS = ("workload", "requests", "seed", "length_scale", "drop_longer")
+
+
+def requests_for(args, space: Space, cand: Candidate) -> tuple[Requests, WorkloadDescription | None]:
+    """The requests of ``predict``/``measure``: the lengths given, else a workload sample.
+
+    The sample is ``--workload`` or, without it, the space's ``[workload]``; either way with
+    the space's settings (requests, seed, length_scale, drop_longer) unless a flag changes
+    them, fitted to the candidate's largest buckets. Its description says what was dropped.
+    """
+    if args.input_len or args.output_len:
+        given = [f"--{k.replace('_', '-')}" for k in _SAMPLE_FLAGS if getattr(args, k) is not None]
+        if given:
+            raise UserError(f"give either --input-len/--output-len or a workload ({', '.join(given)}), not both")
+        return requests_from_args(args, cand.batch), None
+    if args.workload is None and space.workload is None:
+        raise UserError(f"give --input-len and --output-len, or --workload FILE|NAME ({space.path} has no [workload])")
+    return load_requests(space, workload=args.workload, requests=args.requests, seed=args.seed,
+                         length_scale=args.length_scale, drop_longer=args.drop_longer,
+                         max_len=min(max(cand.ctx_buckets), max(cand.tkg_buckets)))
+
+
 def requests_from_args(args, batch: int) -> Requests:
-    from lens.workload import load_workload
-
-    if args.workload:
-        if args.input_len or args.output_len:
-            raise UserError("give either --workload or --input-len/--output-len, not both")
-        from lens.errors import TraceError
-        from lens.workload import MAX_REQUESTS
-
-        if args.requests is not None and not 1 <= args.requests <= MAX_REQUESTS:
-            raise UserError(f"--requests {args.requests}: must be between 1 and {MAX_REQUESTS:,}")
-        if args.seed < 0:
-            raise UserError(f"--seed {args.seed}: a seed is an integer >= 0")
-        try:
-            return load_workload(args.workload, requests=args.requests, seed=args.seed)
-        except TraceError:
-            raise  # names the trace file and line
-        except UserError as exc:
-            raise UserError(f"--workload {args.workload}: {exc}") from None
     if not (args.input_len and args.output_len):
         raise UserError("give --input-len and --output-len (or --workload FILE|NAME)")
     ins = int_list(args.input_len, flag="--input-len")

@@ -29,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     csub = p.add_subparsers(dest="cache_command", metavar="ACTION")
     csub.required = True
 
-    ls = csub.add_parser("ls", parents=[common], help="list the cached units",
-                         description="List the cached units: one line per (fingerprint, tp, batch).")
+    ls = csub.add_parser("ls", parents=[common], help="list the cached units and the units that failed",
+                         description="List the cached units: one line per (fingerprint, tp, batch); then the units "
+                                     "whose profiling failed for good, which searches skip.")
     ls.add_argument("--json", action="store_true", help="print the units as a JSON list")
     ls.set_defaults(func=cmd_ls)
 
@@ -54,13 +55,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     rc.add_argument("--to", metavar="NEW", help="the new cache file (default FILE.recovered; must not exist)")
     rc.set_defaults(func=cmd_recover)
 
-    rm = csub.add_parser("rm", parents=[common], help="remove profiles",
-                         description="Remove the profiles matching every filter given; --all removes every profile.")
+    rm = csub.add_parser("rm", parents=[common], help="remove profiles (and failure records)",
+                         description="Remove the profiles matching every filter given, and the failure records of "
+                                     "the units matching them; --all removes every profile and record.")
     rm.add_argument("--fingerprint", metavar="F", help="target fingerprint")
     rm.add_argument("--tp", type=int_arg, metavar="N", help="tensor-parallel degree")
     rm.add_argument("--batch", type=int_arg, metavar="N", help="batch size")
     rm.add_argument("--bucket", type=int_arg, metavar="N", help="bucket length")
     rm.add_argument("--all", action="store_true", help="remove every profile in the cache")
+    rm.add_argument("--failed", action="store_true",
+                    help="remove only the failure records (searches then try those units again)")
     rm.set_defaults(func=cmd_rm)
 
 
@@ -94,6 +98,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     with ProfileCache.open(path, create=False) as cache:
         units = cache.units()
+        failed = cache.failures()
     if args.json:
         out = []
         for r in units.to_dict("records"):
@@ -104,19 +109,34 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 "compile_s": None if math.isnan(r["compile_s"]) else float(r["compile_s"]),
                 "run_s": None if math.isnan(r["run_s"]) else float(r["run_s"]),
             })
+        for r in failed.to_dict("records"):  # marked "failed": they hold no profile
+            out.append({"fingerprint": r["fingerprint"], "tp": int(r["tp"]), "batch": int(r["batch"]), "failed": True,
+                        "reason": r["reason"], "kind": r["kind"], "host": r["host"],
+                        "failed_at": float(r["failed_at"])})
         print(json.dumps(out, indent=2))
         return 0
-    if units.empty:
+    if units.empty and failed.empty:
         print(f"profile cache {path} is empty")
         return 0
-    rows = [
-        [r.fingerprint, str(r.tp), str(r.batch), ",".join(map(str, r.buckets)),
-         r.runner, r.host, _when(r.measured_at)]
-        for r in units.itertuples(index=False)
-    ]
-    print(_table(["fingerprint", "tp", "batch", "buckets", "runner", "host", "measured_at"], rows, right={1, 2}))
-    n_prof = int(units["n_buckets"].sum())
-    print(f"{len(units)} unit{'s' * (len(units) != 1)}, {n_prof} profile{'s' * (n_prof != 1)} in {path}")
+    if not units.empty:
+        rows = [
+            [r.fingerprint, str(r.tp), str(r.batch), ",".join(map(str, r.buckets)),
+             r.runner, r.host, _when(r.measured_at)]
+            for r in units.itertuples(index=False)
+        ]
+        print(_table(["fingerprint", "tp", "batch", "buckets", "runner", "host", "measured_at"], rows, right={1, 2}))
+    n_prof = int(units["n_buckets"].sum()) if not units.empty else 0
+    summary = f"{len(units)} unit{'s' * (len(units) != 1)}, {n_prof} profile{'s' * (n_prof != 1)}"
+    if not failed.empty:
+        if not units.empty:
+            print()
+        print("failed for good (searches skip them; `lensopt run --retry-failed` measures them again, "
+              "`lensopt cache rm --failed` forgets them):")
+        rows = [[r.fingerprint, str(r.tp), str(r.batch), _when(r.failed_at), r.host, r.reason]
+                for r in failed.itertuples(index=False)]
+        print(_table(["fingerprint", "tp", "batch", "failed_at", "host", "reason"], rows, right={1, 2}))
+        summary += f", {len(failed)} failed unit{'s' * (len(failed) != 1)}"
+    print(f"{summary} in {path}")
     return 0
 
 
@@ -154,17 +174,26 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     filters = {k: getattr(args, k) for k in ("fingerprint", "tp", "batch", "bucket") if getattr(args, k) is not None}
-    if not filters and not args.all:
-        raise UserError("cache rm: give a filter (--fingerprint, --tp, --batch, --bucket) or --all to remove every profile")
+    if not filters and not args.all and not args.failed:
+        raise UserError("cache rm: give a filter (--fingerprint, --tp, --batch, --bucket), --failed, or --all to "
+                        "remove every profile")
     if filters and args.all:
         raise UserError("cache rm: --all removes every profile; drop it to remove only the filtered ones")
+    if args.failed and "bucket" in filters:
+        raise UserError("cache rm: a failure is a whole unit's; drop --bucket with --failed")
     path = resolve_cache_path(args.cache)
     if _no_cache(path):
         print(f"no profile cache at {path}; removed 0 profiles", file=sys.stderr)
         return 0
+    unit_filters = {k: v for k, v in filters.items() if k != "bucket"}
     with ProfileCache.open(path, create=False) as cache:
-        n = cache.remove(**filters)
-    print(f"removed {n} profile{'s' * (n != 1)} from {path}")
+        n = 0 if args.failed else cache.remove(**filters)
+        # a whole unit removed forgets its failure too; one bucket of it leaves the record
+        f = cache.forget_failures(**unit_filters) if "bucket" not in filters else 0
+    what = [] if args.failed else [f"{n} profile{'s' * (n != 1)}"]
+    if f or args.failed:
+        what.append(f"{f} failure record{'s' * (f != 1)}")
+    print(f"removed {' and '.join(what)} from {path}")
     return 0
 
 

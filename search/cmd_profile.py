@@ -18,7 +18,7 @@ from store import ProfileCache, resolve_cache_path
 
 from .cli_common import (
     add_cache_arg, add_request_args, add_space_arg, add_unit_args, candidate_from_args, fmt_s, int_arg, int_list,
-    print_json, requests_from_args, space_and_unit, table,
+    print_json, requests_for, space_and_unit, table,
 )
 from .profiler import check_subset, profile_missing
 
@@ -33,6 +33,8 @@ def register(sub) -> None:
     add_unit_args(p, buckets_required=False)
     add_cache_arg(p)
     p.add_argument("--repeats", type=int_arg, help=flag_help(ProfileSettings, "repeats"))
+    p.add_argument("--retry-failed", action="store_true",
+                   help="measure the unit even if the cache remembers that it failed for good (out of memory, refused)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_profile)
 
@@ -77,6 +79,7 @@ def cmd_profile(args) -> int:
         out = profile_missing(
             cache=cache, runner=runner, fingerprint=fp, tp=tp, batch=batch, buckets=sorted(buckets),
             all_buckets=space.search.buckets, profile=settings, log=lambda msg: print(msg, file=sys.stderr),
+            retry_failed=args.retry_failed,
         )
         profiles = {b: p for b, p in cache.get_unit(fp, tp, batch).items() if b in buckets}
     sim = " (SIMULATED device)" if out.simulated or runner.simulated else ""
@@ -122,13 +125,25 @@ def _load_table(args, space, cand, runner) -> UnitTable:
         ) from None
 
 
-def _report(kind: str, requests, ttft, tpot, e2e, summary: dict, extra: dict, as_json: bool, label: str) -> None:
+def sample_line(desc, n: int) -> str:
+    """What a workload sample is: its source, size and seed, the scaling, and what was dropped."""
+    scale = f", lengths x{desc.length_scale:g}" if desc.length_scale is not None else ""
+    dropped = (f"; {desc.dropped_longer} of {n + desc.dropped_longer} dropped as longer than the largest bucket "
+               f"(workload.drop_longer)" if desc.dropped_longer else "; none dropped")
+    return f"workload {desc.source}: {n} requests (seed {desc.seed}{scale}){dropped}"
+
+
+def _report(kind: str, requests, ttft, tpot, e2e, summary: dict, extra: dict, as_json: bool, label: str,
+            sample=None) -> None:
     if as_json:
         one = len(requests) == 1
         pick = (lambda a: float(a[0])) if one else (lambda a: a)
-        print_json({"ttft_s": pick(ttft), "tpot_s": pick(tpot), "e2e_s": pick(e2e), **extra, "summary": summary})
+        wl = {} if sample is None else {"workload": sample.to_json()}
+        print_json({"ttft_s": pick(ttft), "tpot_s": pick(tpot), "e2e_s": pick(e2e), **extra, **wl, "summary": summary})
         return
     print(label)
+    if sample is not None:
+        print(sample_line(sample, len(requests)))
     if len(requests) <= 32:
         rows = [[i, int(a), int(b), fmt_s(t), fmt_s(p), fmt_s(e)]
                 for i, (a, b, t, p, e) in enumerate(zip(requests.input_len, requests.output_len, ttft, tpot, e2e))]
@@ -147,7 +162,7 @@ def _report(kind: str, requests, ttft, tpot, e2e, summary: dict, extra: dict, as
 def cmd_predict(args) -> int:
     space, tp, batch = space_and_unit(args)
     cand = candidate_from_args(args, space)
-    requests = requests_from_args(args, batch)
+    requests, sample = requests_for(args, space, cand)
     runner = get_runner(space.target)
     tbl = _load_table(args, space, cand, runner)
     mode = args.mode or space.target.batching
@@ -157,14 +172,14 @@ def cmd_predict(args) -> int:
     extra = {"mode": mode, "profile_source": sources, "prefill_padding": round(pred.prefill_padding, 4),
              "decode_padding": round(pred.decode_padding, 4)}
     label = f"prediction (LENS from {sources} profiles) for {cand.label()} on {space.target.name}"
-    _report("predicted", requests, pred.ttft_s, pred.tpot_s, pred.e2e_s, summary, extra, args.json, label)
+    _report("predicted", requests, pred.ttft_s, pred.tpot_s, pred.e2e_s, summary, extra, args.json, label, sample)
     return 0
 
 
 def cmd_measure(args) -> int:
     space, tp, batch = space_and_unit(args)
     cand = candidate_from_args(args, space)
-    requests = requests_from_args(args, batch)
+    requests, sample = requests_for(args, space, cand)
     if not 1 <= args.repeats <= MAX_MEASURE_REPEATS:
         from lens.errors import UserError
 
@@ -172,6 +187,12 @@ def cmd_measure(args) -> int:
     runner = get_runner(space.target)
     from lens.types import Unit
 
+    if args.mode and args.mode != space.target.batching and runner.refuses_batching(
+            dataclasses.replace(space.target, batching=args.mode)):
+        from lens.errors import UserError
+
+        raise UserError(f"--mode {args.mode}: runner {runner.name!r} executes {' and '.join(runner.batchings)} batches "
+                        f"only; measure without --mode (`lensopt predict --mode {args.mode}` predicts it)")
     runner.check_unit(Unit(target=space.target, tp=tp, batch=batch))
     runs = []
     t0 = time.perf_counter()
@@ -197,5 +218,5 @@ def cmd_measure(args) -> int:
     }
     label = (f"measurement ({'SIMULATED ' if sim else ''}{space.target.runner} on {space.target.hardware}, "
              f"median of {args.repeats}) for {cand.label()} on {space.target.name}")
-    _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label)
+    _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label, sample)
     return 0

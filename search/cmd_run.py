@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import sys
 
+import pandas as pd
+
 from spaces.schema import Budget, WorkloadSpec, flag_help
 
 from .cli_common import add_cache_arg, add_space_arg, fmt_s, int_arg, print_json, table
+from .selection import NEAR_DUPLICATE
 from .study import DEFAULT_SAMPLER, SAMPLERS
 
 
@@ -31,6 +34,9 @@ def register(sub) -> None:
                    help="no hardware at all: evaluate every candidate on the analytical GPU model (GPU targets)")
     p.add_argument("--profile-all", action="store_true",
                    help="profile every feasible unit up front (exhaustive; for small spaces or to fill a shared cache)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="measure again the units whose profiling failed for good (out of memory, refused), which the "
+                        "cache remembers and searches otherwise skip (see `lensopt cache ls`)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the front and run summary as JSON")
     p.set_defaults(func=cmd_run)
@@ -60,7 +66,8 @@ def print_front(res, space_objectives=None) -> None:
         print("no Pareto front: no candidate predicted from measured profiles meets the constraints; see report.md")
     else:
         rows = []
-        for r in f.itertuples():
+        hidden = f["collapsed_into"].notna() if "collapsed_into" in f else pd.Series(False, index=f.index)
+        for r in f[~hidden].itertuples():
             d = r._asdict()
             rows.append([d["rank"], d["tp"], d["batch"], d["ctx_buckets"] if d["ctx_buckets"] == d["tkg_buckets"]
                          else f"ctx {d['ctx_buckets']} / tkg {d['tkg_buckets']}",
@@ -70,6 +77,9 @@ def print_front(res, space_objectives=None) -> None:
         how = "estimated" if ledger.estimate_only else "predicted from measured profiles"
         print(f"\nPareto front{sim}: throughput vs latency, {how}")
         print(table(rows, ["#", "tp", "batch", "buckets", "tok/s", "tok/s/chip", "TTFT p50", "TPOT p50", "E2E p90", "confirmed"]))
+        if hidden.any():
+            print(f"({int(hidden.sum())} more row(s) of the same tp and batch within {NEAR_DUPLICATE:.0%} on both "
+                  f"objectives, with more buckets, are in pareto.csv, marked collapsed_into)")
     c = res.confirm
     if c is not None and len(c):
         print("\nconfirmation" + sim + ": predicted vs measured on the workload sample")
@@ -108,6 +118,7 @@ def cmd_run(args) -> int:
         res = run(args.space, results_dir=args.results, name=args.name, cache=args.cache, ray_address=args.ray_address,
                   workload=args.workload, requests=args.requests, seed=args.seed, trials=args.trials, sampler=args.sampler,
                   confirm=not args.no_confirm, top_k=args.top_k, fresh=args.fresh, profile_all=args.profile_all,
+                  retry_failed=args.retry_failed,
                   progress=not args.no_progress and sys.stderr.isatty(), log=_quiet(args))
     except KeyboardInterrupt:
         print("lensopt: interrupted; every measured unit is in the cache and every trial in the run folder: "

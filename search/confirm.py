@@ -1,8 +1,10 @@
 """Confirmation: front candidates run end to end on the hardware, predicted vs measured.
 
 The picks are spread along the front (both ends included); each runs the whole workload
-sample as one Ray task. A confirmation disagreeing by more than ``budget.tolerance`` on
-any of ``CONFIRM_METRICS`` is flagged; a failed one is recorded with its error.
+sample as one Ray task, after a warm-up run that compiles its graphs (both count as
+hardware seconds). A confirmation disagreeing by more than ``budget.tolerance`` on any of
+``CONFIRM_METRICS`` is flagged; a failed one (an error, or past ``budget.confirm_timeout_s``)
+is recorded with its error.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from spaces import Space
 
 from .evaluate import Evaluation
 from .progress import bar
-from .selection import spread_pick
+from .selection import distinct, spread_pick
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
@@ -66,20 +68,24 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
                   ledger: "RunLedger", log: Callable[[str], None], progress: bool) -> list[Confirmation]:
     """Run ``k`` candidates spread along ``front`` (lowest latency first) on the hardware.
 
+    Near-duplicate points (``selection.near_duplicates``) are not picked: only what a person
+    reads of the front is confirmed.
     Each evaluation must carry its prediction (the per-request E2E compared). Stops early
     once ``budget.confirm_s`` hardware seconds are spent; ``ledger`` counts tasks and seconds.
     The confirmations are returned in the front's order.
     """
     if not front:
         return []
-    picks = [front[i] for i in spread_pick(len(front), k)]
+    shown = distinct(front, space)  # a near-duplicate row is neither shown nor confirmed
+    picks = [shown[i] for i in spread_pick(len(shown), k)]
     by_cand = {e.candidate: e for e in picks}
     cap = space.budget.confirm_s
     metrics = tuple(dict.fromkeys(CONFIRM_METRICS + (space.objectives.throughput, space.objectives.latency)))
     out: list[Confirmation] = []
     log(f"confirming {len(picks)} candidate(s) on the hardware with the {len(requests)}-request workload")
     shown = bar(len(picks), "confirming", progress)
-    for done in dispatcher.confirm(space.target, [e.candidate for e in picks], requests):
+    for done in dispatcher.confirm(space.target, [e.candidate for e in picks], requests,
+                                   timeout_s=space.budget.confirm_timeout_s):
         ledger.confirm_tasks += 1
         c, ev = done.key, by_cand[done.key]
         if done.error:

@@ -7,23 +7,29 @@ caller can write them to the cache at once.  A task that fails is retried by Ray
 (``max_retries`` for a lost worker, ``retry_exceptions`` for an exception) and then
 reported with its error, never dropped.
 
-A profiling task first reports that it started (it is a streaming generator: a
-"started" item, then its result), so a per-task timeout counts from the moment the
-task runs, not from when it was queued behind others; a task past its timeout is
-cancelled with its worker (``ray.cancel(force=True)``) and reported as failed with the
-reason.  While tasks run, a ``tick`` callback is called every ``tick_s`` seconds (the
-search renews its claims on the units there).
+A failure that a retry would only repeat (a user mistake, out of device memory, a
+runner's refusal, a bucket that stayed impossible to measure) is caught inside the task
+and returned as its result: Ray neither retries it nor logs its traceback, and the
+caller gets one line.
+
+Every task first reports that it started (it is a streaming generator: a "started"
+item, then its result), so a per-task timeout counts from the moment the task runs, not
+from when it was queued behind others; a task past its timeout is cancelled with its
+worker (``ray.cancel(force=True)``) and reported as failed with the reason.  While tasks
+run, a ``tick`` callback is called every ``tick_s`` seconds (the search renews its
+claims on the units there).
 """
 from __future__ import annotations
 
 import logging
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from lens.errors import DeviceOutOfMemory, UserError
+from lens.errors import UnitCannotRun, UserError, one_line
 from lens.probes import NoisyMeasurement
 from lens.types import Candidate, Requests, Target
 from spaces import ProfileSettings
@@ -41,44 +47,68 @@ class TaskStarted:
     host: str
 
 
+def _started() -> TaskStarted:
+    import ray
+
+    return TaskStarted(pid=os.getpid(), node_id=ray.get_runtime_context().get_node_id(), host=socket.gethostname())
+
+
+#: failures that a retry would only repeat (a noisy bucket was already measured `attempts` times)
+_PERMANENT = (UserError, UnitCannotRun, NoisyMeasurement)
+
+
 def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, profile: ProfileSettings):
     import dataclasses
 
-    import ray
-
     from search.profiler import measure_unit
 
-    node_id = ray.get_runtime_context().get_node_id()
-    yield TaskStarted(pid=os.getpid(), node_id=node_id, host=socket.gethostname())
+    started = _started()
+    yield started
     try:
         m = measure_unit(target, tp=tp, batch=batch, buckets=buckets, all_buckets=all_buckets, profile=profile)
-    except (UserError, DeviceOutOfMemory, NoisyMeasurement) as exc:
-        # would fail the same way again (a noisy bucket was already measured `attempts` times)
-        yield _Permanent(f"{type(exc).__name__}: {exc}")
+    except _PERMANENT as exc:
+        yield _Permanent.of(exc)
         return
-    yield dataclasses.replace(m, node_id=node_id)
+    yield dataclasses.replace(m, node_id=started.node_id)
 
 
 def _confirm_task(target: Target, candidate: Candidate, requests: Requests):
+    import dataclasses
+
     from runners import get_runner
 
+    yield _started()
     try:
         runner = get_runner(target)
-        runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
-        return runner.run_workload(candidate, requests)
-    except (UserError, DeviceOutOfMemory) as exc:
-        return _Permanent(f"{type(exc).__name__}: {exc}")
+        warm = runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
+        run = runner.run_workload(candidate, requests)
+    except _PERMANENT as exc:
+        yield _Permanent.of(exc)
+        return
+    # the warm-up compiled every graph: its seconds are hardware seconds of the confirmation too
+    yield dataclasses.replace(run, compile_s=warm.compile_s + run.compile_s, run_s=warm.run_s + run.run_s)
 
 
 @dataclass(frozen=True)
 class _Permanent:
-    """A failure that a retry would only repeat (bad input, out of device memory)."""
+    """A failure that a retry would only repeat (bad input, out of device memory, a refusal)."""
 
     error: str
+    #: the class name of a ``UnitCannotRun``: the unit fails so on every try (remembered in the cache)
+    cannot_run: str | None = None
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "_Permanent":
+        return cls(one_line(exc), type(exc).__name__ if isinstance(exc, UnitCannotRun) else None)
+
+
+#: the environment variables of Ray's token authentication (docs.ray.io, "token authentication")
+AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 
 
 def check_address(address: str, *, timeout_s: float = 3.0) -> None:
-    """Fail within seconds, with a clear message, when a cluster address does not answer."""
+    """Fail within seconds, with a clear message, when a cluster address does not answer or
+    wants a token this process does not have."""
     if address in ("auto", "local") or address.startswith("ray://"):
         hostport = address[len("ray://"):] if address.startswith("ray://") else None
         if hostport is None:
@@ -94,6 +124,63 @@ def check_address(address: str, *, timeout_s: float = 3.0) -> None:
     except OSError as exc:
         raise UserError(f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start the head with "
                         f"`ray start --head` or drop --ray-address to run locally") from None
+    if not address.startswith("ray://"):
+        _check_token(address)
+
+
+def _check_token(address: str) -> None:
+    """One call to the cluster's control store: a cluster that refuses this process's token
+    (or its lack of one) is a user error, said in one line, before Ray retries for half a
+    minute and anything is written."""
+    try:
+        from ray._raylet import GcsClient  # the client ray.init itself uses first
+        from ray.exceptions import AuthenticationError
+    except ImportError:  # another Ray: ray.init's own error (mapped in Dispatcher.start) says it
+        return
+    with _stderr_held() as held:
+        try:
+            GcsClient(address=address)
+        except AuthenticationError:
+            held.drop()  # Ray's C++ warning, already said by the message below
+            mode = os.environ.get("RAY_AUTH_MODE", "")
+            if mode == "token":
+                why = (f"refuses the token of RAY_AUTH_TOKEN_PATH={os.environ.get('RAY_AUTH_TOKEN_PATH', '(unset)')}; "
+                       f"point RAY_AUTH_TOKEN_PATH at the token file the cluster's nodes were started with")
+            else:
+                why = ("wants a token (token authentication) and this process has none: export RAY_AUTH_MODE=token "
+                       "and RAY_AUTH_TOKEN_PATH=<the token file the cluster's nodes were started with>")
+            raise UserError(f"--ray-address {address}: the Ray cluster {why}, then run again") from None
+        except Exception:  # noqa: BLE001  (anything else: ray.init meets it too and says it)
+            return
+
+
+class _stderr_held:
+    """Hold what this process's file descriptor 2 receives (Ray's C++ logs write there
+    directly); on exit it is written out, unless ``drop()`` was called."""
+
+    def __enter__(self) -> "_stderr_held":
+        import tempfile
+
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        self._tmp = tempfile.TemporaryFile()
+        os.dup2(self._tmp.fileno(), 2)
+        self._keep = True
+        return self
+
+    def drop(self) -> None:
+        self._keep = False
+
+    def __exit__(self, *exc_info: object) -> None:
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        if self._keep:
+            self._tmp.seek(0)
+            held = self._tmp.read()
+            if held:
+                os.write(2, held)
+        self._tmp.close()
 
 
 @dataclass
@@ -101,6 +188,8 @@ class TaskOutcome:
     key: Any
     value: Any = None
     error: str | None = None
+    #: with ``error``: the class name of a ``UnitCannotRun`` (the failure would repeat on any try)
+    cannot_run: str | None = None
 
 
 class Dispatcher:
@@ -115,6 +204,8 @@ class Dispatcher:
         self.tasks_dispatched = 0
         #: key -> where its task runs now (profiling tasks, while they run)
         self.running: dict[Any, TaskStarted] = {}
+        #: key -> where its last task started (kept after it ended: where a failure happened)
+        self.last_started: dict[Any, TaskStarted] = {}
 
     def start(self) -> None:
         import ray
@@ -123,7 +214,13 @@ class Dispatcher:
             return
         if self.address:
             check_address(self.address)
-            ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
+            try:
+                ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ray.exceptions.RayError) as exc:
+                raise UserError(f"--ray-address {self.address}: could not join the Ray cluster ({one_line(exc, 300)}); "
+                                f"check that its head runs there (`ray status --address {self.address}`), and with "
+                                f"token authentication that {' and '.join(AUTH_ENV)} are exported here as on its "
+                                f"nodes") from None
         else:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             ray.init(address="local", num_cpus=self.num_cpus or os.cpu_count(), include_dashboard=False,
@@ -170,27 +267,24 @@ class Dispatcher:
         try:
             value = ray.get(ref)
         except Exception as exc:  # reported to the caller with the cause, never dropped
-            cause = getattr(exc, "cause", None) or exc
-            msg = " ".join(str(cause).split())  # the whole message: summary and any stderr tail
-            return TaskOutcome(key, error=f"{type(cause).__name__}: {msg[:2000]}")
+            return TaskOutcome(key, error=one_line(getattr(exc, "cause", None) or exc))
         if isinstance(value, _Permanent):
-            return TaskOutcome(key, error=value.error)
+            return TaskOutcome(key, error=value.error, cannot_run=value.cannot_run)
         if isinstance(value, TaskStarted):
             return value
         return TaskOutcome(key, value=value)
 
-    def _run(self, fn, jobs: Sequence[tuple[Any, int, tuple]], *, streaming: bool = False,
-             timeout_s: float | None = None, tick: Callable[[list], None] | None = None,
+    def _run(self, fn, jobs: Sequence[tuple[Any, int, tuple]], *, timeout_s: float | None = None,
+             timeout_key: str = "", tick: Callable[[list], None] | None = None,
              tick_s: float = 30.0) -> Iterator[TaskOutcome]:
+        """Run ``fn`` (a task that yields its ``TaskStarted``, then its result) once per job."""
         import ray
 
         remote = ray.remote(fn)
         pending: dict[Any, Any] = {}
         began: dict[Any, float] = {}  # key -> when its TaskStarted arrived (this clock)
         for key, tp, args in jobs:
-            opts = self._options(tp)
-            if streaming:
-                opts["num_returns"] = "streaming"
+            opts = {**self._options(tp), "num_returns": "streaming"}
             ref = remote.options(**opts).remote(*args)
             pending[ref] = key
             self.tasks_dispatched += 1
@@ -208,20 +302,17 @@ class Dispatcher:
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
                 for ref in done:
                     key = pending[ref]
-                    if streaming:
-                        try:
-                            item = next(ref)
-                        except StopIteration:
-                            pending.pop(ref)
-                            self.running.pop(key, None)
-                            yield TaskOutcome(key, error="RuntimeError: the task ended without a result")
-                            continue
-                        got = self._get(key, item)
-                    else:
-                        got = self._get(key, ref)
+                    try:
+                        item = next(ref)
+                    except StopIteration:
+                        pending.pop(ref)
+                        self.running.pop(key, None)
+                        yield TaskOutcome(key, error="RuntimeError: the task ended without a result")
+                        continue
+                    got = self._get(key, item)
                     if isinstance(got, TaskStarted):
                         began.setdefault(key, time.monotonic())
-                        self.running[key] = got
+                        self.running[key] = self.last_started[key] = got
                         continue
                     pending.pop(ref)
                     self.running.pop(key, None)
@@ -234,14 +325,14 @@ class Dispatcher:
                             pending.pop(ref)
                             self.running.pop(key, None)
                             yield TaskOutcome(key, error=f"TimeoutError: still running after {timeout_s:g} s "
-                                                         f"(profile.timeout_s); the task was cancelled and its worker stopped")
+                                                         f"({timeout_key}); the task was cancelled and its worker stopped")
                 if tick is not None and now - last_tick >= tick_s:
                     tick(list(pending.values()))
                     last_tick = now
         finally:
             for ref in pending:  # the caller stopped early (budget spent, interrupted): free the workers
                 try:
-                    ray.cancel(ref, force=streaming)
+                    ray.cancel(ref, force=True)
                 except Exception:  # best effort: Ray may be shutting down
                     pass
             for key in pending.values():
@@ -258,8 +349,14 @@ class Dispatcher:
         """
         jobs = [((tp, b), tp, (target, tp, b, tuple(sorted(bk)), tuple(all_buckets), profile))
                 for (tp, b), bk in units.items()]
-        return self._run(_measure_task, jobs, streaming=True, timeout_s=profile.timeout_s, tick=tick, tick_s=tick_s)
+        return self._run(_measure_task, jobs, timeout_s=profile.timeout_s, timeout_key="profile.timeout_s", tick=tick,
+                         tick_s=tick_s)
 
-    def confirm(self, target: Target, candidates: Sequence[Candidate], requests: Requests) -> Iterator[TaskOutcome]:
+    def confirm(self, target: Target, candidates: Sequence[Candidate], requests: Requests, *,
+                timeout_s: float | None = None) -> Iterator[TaskOutcome]:
+        """One task per candidate: a warm-up run that compiles its graphs, then the workload.
+
+        ``timeout_s`` (``budget.confirm_timeout_s``): most seconds a task may run from its start.
+        """
         jobs = [(c, c.tp, (target, c, requests)) for c in candidates]
-        return self._run(_confirm_task, jobs)
+        return self._run(_confirm_task, jobs, timeout_s=timeout_s, timeout_key="budget.confirm_timeout_s")

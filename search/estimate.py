@@ -27,7 +27,7 @@ from .ledger import RunLedger
 from .results import (
     SearchResult, candidate_cells, default_run_name, eval_row, prepare_dir, results_error, write_front, write_ledger,
 )
-from .selection import by_latency, front_of, knee
+from .selection import by_latency, distinct, front_of, knee
 
 #: more candidates than this are sampled at random instead of enumerated
 MAX_CANDIDATES = 50_000
@@ -84,7 +84,7 @@ def estimate_run(
         rows.append(row)
     trials = pd.DataFrame(rows)
     front_evals = by_latency(front_of([e for e in evals if e.metrics and not e.infeasible], sp), sp)
-    chosen = knee(front_evals, sp).candidate if front_evals else None
+    chosen = knee(distinct(front_evals, sp), sp).candidate if front_evals else None
     ledger = RunLedger(run=run_dir.name, space=str(sp.path), space_sha256=sp.sha256, estimate_only=True,
                        estimator=prior.name, gpu=t.hardware, target=t, workload=wdesc, trials=len(cands),
                        state="complete", wall_s=time.time() - t0, slo_met=bool(front_evals) or not sp.slo,

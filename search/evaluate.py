@@ -66,6 +66,7 @@ class Evaluator:
     def set_measured(self, unit: tuple[int, int], profiles: Mapping[int, BucketProfile]) -> None:
         """Add measured bucket profiles of a unit (a unit may hold only some buckets)."""
         self.measured.setdefault(unit, {}).update(profiles)
+        self.failed.pop(unit, None)  # measured after all (a retry, or another search)
         self._prior_cache.clear()  # scaling priors lean on the measured units
         self.forget()
 

@@ -96,10 +96,12 @@ class RunLedger:
 
     # -- bookkeeping ----------------------------------------------------------------------
     def note_reused(self, unit: Unit) -> None:
+        self.units_failed.pop(unit, None)  # its profiles are here after all (another search measured it)
         if unit not in self.units_measured and unit not in self.units_reused:
             self.units_reused.append(unit)
 
     def note_measured(self, unit: Unit, task: UnitTask) -> None:
+        self.units_failed.pop(unit, None)  # a retry succeeded: the unit is no longer a failed one
         if unit not in self.units_measured:
             self.units_measured.append(unit)
         self.unit_tasks.append(task)

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from lens.errors import LensoptError, RunnerError, UserError
+from lens.errors import LensoptError, RunnerError, UnitCannotRun, UserError, one_line
 from lens.probes import NoisyMeasurement, assess, check_probe, pair_runs, plan_probes, solve
 from lens.types import BucketProfile, ProbeRun, Target, Unit
 from runners import Runner, get_runner
@@ -218,13 +218,20 @@ def profile_missing(
     profile: ProfileSettings,
     poll_s: float = 1.0,
     log: Callable[[str], None] | None = None,
+    retry_failed: bool = False,
 ) -> ProfileOutcome:
     """Measure in-process the buckets of one unit that the cache lacks; store them atomically.
 
     The unit is claimed first, for ``profile.lease_s`` seconds renewed while it is measured:
     when another process is profiling it, this waits for its profiles (or for its claim to
-    end) instead of measuring them a second time.
+    end) instead of measuring them a second time. A unit the cache remembers as failed for
+    good raises ``UnitCannotRun`` unless ``retry_failed``; such a failure met here is
+    remembered too.
     """
+    if not retry_failed:
+        known = cache.get_failure(fingerprint, tp, batch)
+        if known is not None and cache.missing(fingerprint, tp, batch, buckets):
+            raise UnitCannotRun(f"unit tp={tp} batch={batch}: {known.describe()}")
     owner = new_claimant_id()
     lease_s = profile.lease_s
     t_wait = time.perf_counter()
@@ -246,8 +253,13 @@ def profile_missing(
     t0 = time.perf_counter()
     try:
         with LeaseKeeper(cache.path, owner=owner, units=[(fingerprint, tp, batch)], lease_s=lease_s):
-            m = measure_unit(runner.target, tp=tp, batch=batch, buckets=missing, all_buckets=all_buckets,
-                             profile=profile, runner=runner)
+            try:
+                m = measure_unit(runner.target, tp=tp, batch=batch, buckets=missing, all_buckets=all_buckets,
+                                 profile=profile, runner=runner)
+            except UnitCannotRun as exc:
+                cache.put_failure(fingerprint=fingerprint, tp=tp, batch=batch, reason=one_line(exc),
+                                  kind=type(exc).__name__, host=runner.host(), release_owner=owner)
+                raise
         store(cache, fingerprint, runner.target, m, runner.name, release_owner=owner)
     finally:
         cache.release_claims(owner=owner)
@@ -301,10 +313,13 @@ class UnitProfiler:
 
     def __init__(self, *, space: Space, runner: Runner, fingerprint: str, cache: ProfileCache,
                  dispatcher: "Dispatcher", evaluator: "Evaluator", ledger: RunLedger,
-                 log: Callable[[str], None], progress: bool, checkpoint: Callable[[], None]):
+                 log: Callable[[str], None], progress: bool, checkpoint: Callable[[], None],
+                 retry_failed: bool = False):
         self.space, self.runner, self.fp, self.cache = space, runner, fingerprint, cache
         self.dispatcher, self.ev, self.ledger = dispatcher, evaluator, ledger
         self.log, self.progress, self.checkpoint = log, progress, checkpoint
+        #: measure units the cache remembers as failed, instead of skipping them
+        self.retry_failed = retry_failed
         #: who this search is when it claims units in the shared cache
         self.owner = new_claimant_id()
 
@@ -313,17 +328,31 @@ class UnitProfiler:
         return cap is None or self.ledger.profile_hardware_s < cap
 
     def adopt(self, unit: tuple[int, int], *, waited: bool = False) -> int:
-        """Take the unit's cached profiles (of the space's buckets); how many there were."""
+        """Take the unit's cached profiles (of the space's buckets), or its remembered failure;
+        how many profiles there were."""
         prof = {b: p for b, p in self.cache.get_unit(self.fp, *unit).items() if b in self.space.search.buckets}
         if prof:
             self.ev.set_measured(unit, prof)
             self._note_spread(unit, prof)
             self.ledger.note_reused(unit)
+        else:
+            self.skip_if_failed(unit)
         if waited:
             self.ledger.units_waited.append(unit)
             self.log(f"  unit tp={unit[0]} batch={unit[1]}: profiled by another search; {len(prof)} buckets read "
                      f"from the cache")
         return len(prof)
+
+    def skip_if_failed(self, unit: tuple[int, int]) -> bool:
+        """True (and the unit left out of the search) when the cache remembers it failed for good."""
+        if self.retry_failed or unit in self.ev.failed:
+            return unit in self.ev.failed
+        f = self.cache.get_failure(self.fp, *unit)
+        if f is None:
+            return False
+        self.ev.set_failed(unit, f.describe())
+        self.ledger.units_failed[unit] = f.describe()
+        return True
 
     def profile(self, units: Mapping[tuple[int, int], Sequence[int]]) -> None:
         """Measure the listed buckets of each unit that the evaluator does not have yet."""
@@ -335,6 +364,8 @@ class UnitProfiler:
             while todo:
                 granted, waiting = {}, {}
                 for u, bk in todo.items():
+                    if self.skip_if_failed(u):  # another search may have met its failure meanwhile
+                        continue
                     c = self.cache.claim_unit(fingerprint=self.fp, tp=u[0], batch=u[1], buckets=bk, owner=self.owner,
                                               lease_s=self.space.profile.lease_s)
                     if c.granted:
@@ -370,7 +401,11 @@ class UnitProfiler:
             ledger.profile_tasks_this_run += 1
             unit = out.key
             if out.error:
-                self.cache.release_claims(owner=self.owner, units=[(self.fp, *unit)])
+                if out.cannot_run:  # it would fail so on every try: the shared cache remembers it
+                    self.cache.put_failure(fingerprint=self.fp, tp=unit[0], batch=unit[1], reason=out.error,
+                                           kind=out.cannot_run, host=self._where(unit), release_owner=self.owner)
+                else:
+                    self.cache.release_claims(owner=self.owner, units=[(self.fp, *unit)])
                 self.ev.set_failed(unit, out.error)
                 ledger.units_failed[unit] = out.error
                 self.log(f"  unit tp={unit[0]} batch={unit[1]}: FAILED: {out.error}")
@@ -389,6 +424,10 @@ class UnitProfiler:
                          f"{m.hardware_s:.1f}{sim} hardware-s (compile {m.compile_s:.1f} s){noisy}")
             shown.update(1)
         shown.close()
+
+    def _where(self, unit: tuple[int, int]) -> str:
+        started = self.dispatcher.last_started.get(unit)
+        return started.host if started is not None else self.runner.host()
 
     def _note_spread(self, unit: tuple[int, int], profiles: Mapping[int, BucketProfile],
                      reasons: Mapping[int, str] | None = None) -> None:

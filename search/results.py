@@ -25,6 +25,7 @@ from .cli_common import json_safe
 from .confirm import Confirmation
 from .evaluate import Evaluation
 from .ledger import RunLedger
+from .selection import near_duplicates
 
 if TYPE_CHECKING:
     from .study import TrialRecord
@@ -123,11 +124,16 @@ def eval_row(e: Evaluation, space: Space) -> dict[str, Any]:
 
 
 def front_table(front: Sequence[Evaluation], space: Space, confirmed: Sequence[Confirmation] | None = None) -> pd.DataFrame:
-    """``pareto.csv``: the front as given (lowest latency first), ranked, marked where confirmed."""
+    """``pareto.csv``: the front as given (lowest latency first), ranked, marked where confirmed.
+
+    Every point is a row; ``collapsed_into`` holds the rank of the row a near-duplicate reads
+    as (``selection.near_duplicates``), empty for the rows a person is shown.
+    """
     df = pd.DataFrame([eval_row(e, space) for e in front])
     if not len(df):
         return df
     df.insert(0, "rank", range(1, len(df) + 1))
+    df["collapsed_into"] = pd.array([None if j is None else j + 1 for j in near_duplicates(front, space)], dtype="Int64")
     if confirmed:
         flags = {c.candidate: c.flagged for c in confirmed}
         df["flagged"] = [flags.get(e.candidate, float("nan")) for e in front]

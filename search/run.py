@@ -41,7 +41,7 @@ import pandas as pd
 from lens.errors import LensoptError, UserError
 from lens.types import Candidate, Requests
 from runners import Runner, get_runner
-from spaces import Space, load_requests, load_space
+from spaces import Space, load_requests, load_space, requests_again
 from store import ProfileCache, resolve_cache_path
 
 from .confirm import confirm_front
@@ -55,7 +55,9 @@ from .results import (
     ResultsError, SearchResult, default_run_name, prepare_dir, results_error, trials_table,
     write_confirm, write_front, write_ledger, write_results,
 )
-from .selection import anchor_unit, by_latency, front_of, knee, measured_sweep, nearest, promising_units
+from .selection import (
+    anchor_unit, by_latency, distinct, front_of, knee, measured_sweep, nearest, promising_units,
+)
 from .study import DEFAULT_SAMPLER, STORE_FILE, SearchStudy, TrialStore, check_sampler
 
 __all__ = ["ResultsError", "SearchResult", "confirm_run", "run"]
@@ -101,8 +103,13 @@ def run(
     log: Callable[[str], None] = print,
     num_cpus: int | None = None,
     profile_all: bool = False,
+    retry_failed: bool = False,
 ) -> SearchResult:
-    """Search ``space``; return the Pareto front and the trials as DataFrames (see module doc)."""
+    """Search ``space``; return the Pareto front and the trials as DataFrames (see module doc).
+
+    ``retry_failed``: measure again the units whose profiling failed for good (the cache
+    remembers them, and a resumed run its own failures) instead of skipping them.
+    """
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -116,25 +123,27 @@ def run(
     if k < 0:
         raise UserError(f"--top {k}: must be 0 or more")
     if ray_address:
-        check_address(ray_address)  # before anything is written
+        check_address(ray_address)  # before anything is written: it answers, and takes our token
     run_name = name or default_run_name(sp, [workload, requests, seed, sampler])
     run_dir = Path(results_dir) / run_name
     cache_path = resolve_cache_path(str(cache) if cache is not None else None)
     if os.path.lexists(cache_path):  # a damaged or foreign cache stops the run before anything is written
         ProfileCache.open(cache_path, create=False).close()
-    prepare_dir(run_dir, fresh=fresh)
-    if sp.path.exists():
-        try:
-            (run_dir / "space.toml").write_bytes(sp.path.read_bytes())
-        except OSError as exc:
-            raise results_error(run_dir / "space.toml", exc) from None
     t_start = time.time()
     with _session(sp, ray_address=ray_address, num_cpus=num_cpus) as (runner, dispatcher, fp):
+        # the run folder once Ray has joined its cluster: a cluster that refuses us leaves nothing behind
+        prepare_dir(run_dir, fresh=fresh)
+        if sp.path.exists():
+            try:
+                (run_dir / "space.toml").write_bytes(sp.path.read_bytes())
+            except OSError as exc:
+                raise results_error(run_dir / "space.toml", exc) from None
         ledger = RunLedger(run=run_name, space=str(sp.path), space_sha256=sp.sha256, fingerprint=fp, target=sp.target,
                            workload=wdesc, sampler=sampler, trials_requested=n_trials, simulated=bool(runner.simulated),
                            versions=software_versions(runner), cache=str(cache_path),
                            ray_address=ray_address or "local", started_at=t_start)
-        search = _Search(sp, reqs, run_dir, runner, dispatcher, ledger, log=log, progress=progress)
+        search = _Search(sp, reqs, run_dir, runner, dispatcher, ledger, log=log, progress=progress,
+                         retry_failed=retry_failed)
         try:
             with ProfileCache.open(cache_path) as pc:
                 search.open(pc, sampler)
@@ -182,7 +191,11 @@ def confirm_run(
     space_file = rd / "space.toml"
     sp = load_space(space_file if space_file.exists() else ledger.space)
     w = ledger.workload
-    reqs, _ = load_requests(sp, workload=w.source if sp.workload is None else None, requests=w.requests, seed=w.seed)
+    reqs, again = requests_again(sp, w)  # the run's own sample: its --workload, size and seed
+    if (again.input_mean, again.output_mean, again.input_max, again.output_max) != (
+            w.input_mean, w.output_mean, w.input_max, w.output_max):
+        raise UserError(f"the workload {w.source} no longer gives the sample the run in {rd} drew (a trace file that "
+                        f"changed since?); run the search again to confirm on it")
     k = top_k if top_k is not None else sp.budget.top_k
     if k < 1:
         raise UserError(f"--top {k}: must be at least 1")
@@ -210,9 +223,10 @@ class _Search:
     """The mutable state of one search: evaluator, study, profiler and ledger."""
 
     def __init__(self, space: Space, reqs: Requests, run_dir: Path, runner: Runner, dispatcher: Dispatcher,
-                 ledger: RunLedger, *, log: Callable[[str], None], progress: bool):
+                 ledger: RunLedger, *, log: Callable[[str], None], progress: bool, retry_failed: bool = False):
         self.sp, self.reqs, self.run_dir, self.runner, self.ledger = space, reqs, run_dir, runner, ledger
         self.dispatcher, self.log, self.progress = dispatcher, log, progress
+        self.retry_failed = retry_failed
         self.ev = Evaluator(space, reqs, unit_check=unit_checker(runner, dispatcher))
         self.study: SearchStudy | None = None
         self.nearest: list[Evaluation] = []
@@ -222,7 +236,8 @@ class _Search:
         """Open the trial store (a rerun resumes from it) and the profiler on the cache."""
         self.profiler = UnitProfiler(space=self.sp, runner=self.runner, fingerprint=self.ledger.fingerprint,
                                      cache=cache, dispatcher=self.dispatcher, evaluator=self.ev, ledger=self.ledger,
-                                     log=self.log, progress=self.progress, checkpoint=self.checkpoint)
+                                     log=self.log, progress=self.progress, checkpoint=self.checkpoint,
+                                     retry_failed=self.retry_failed)
         store = TrialStore(self.run_dir / STORE_FILE, study_name=self.run_dir.name, space=self.sp)
         self.study = SearchStudy(self.sp, store, sampler=sampler, study_name=self.run_dir.name)
 
@@ -238,6 +253,10 @@ class _Search:
         prev = RunLedger.read(self.run_dir / "run.json")
         if prev is not None and prev.fingerprint == ledger.fingerprint:
             ledger.resume_from(prev)
+        if self.retry_failed:
+            ledger.units_failed.clear()  # each is tried again, and listed again only if it fails again
+        for unit, why in ledger.units_failed.items():  # the evaluator knows what the ledger says
+            self.ev.set_failed(unit, why)
         for unit in self._units():
             self.profiler.adopt(unit)
         amali = AmaliPrior.for_hardware(sp.target.model, sp.target.dtype, sp.target.hardware)
@@ -314,7 +333,8 @@ class _Search:
             self.log("no candidate meets the SLO " + ", ".join(f"{k} <= {v:g}" for k, v in self.sp.slo)
                      + "; the nearest candidates are in report.md")
         self.ledger.front = [e.candidate for e in front]
-        self.ledger.chosen = knee(front, self.sp).candidate if front else None
+        # the knee of the front a person reads: a near-duplicate with more buckets is never chosen
+        self.ledger.chosen = knee(distinct(front, self.sp), self.sp).candidate if front else None
         return front
 
     def checkpoint(self) -> None:

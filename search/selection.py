@@ -23,6 +23,9 @@ UNITS_PER_ROUND = 4
 SWEEP_CAP = 4096
 #: candidates shown as the nearest ones when none meets the SLO
 NEAREST = 5
+#: front points of one unit whose two objectives both differ by less than this fraction read
+#: as one: bucket sets a small bucket apart, within the spread of the profiles they stand on
+NEAR_DUPLICATE = 0.01
 
 Unit = tuple[int, int]
 
@@ -42,6 +45,34 @@ def front_of(evals: Iterable[Evaluation], space: Space) -> list[Evaluation]:
     ok = list(best.values())
     vals = np.array([e.values(space) for e in ok])
     return [e for e, m in zip(ok, pareto_mask(vals[:, 0], vals[:, 1])) if m]
+
+
+def near_duplicates(front: Sequence[Evaluation], space: Space, tol: float = NEAR_DUPLICATE) -> list[int | None]:
+    """For each point of ``front``: None when a person should read it, else the index of the
+    point it collapses into (same tp and batch, both objectives within ``tol``, fewer buckets).
+
+    Points are taken fewest buckets first, so what is shown is the cheapest bucket set of
+    each group; a tie goes to the lower latency.
+    """
+    order = sorted(range(len(front)), key=lambda i: (len(front[i].candidate.ctx_buckets) + len(front[i].candidate.tkg_buckets),
+                                                     front[i].metrics[space.objectives.latency]))
+    into: list[int | None] = [None] * len(front)
+    shown: list[int] = []
+    for i in order:
+        c, (t, l) = front[i].candidate, front[i].values(space)
+        for j in shown:
+            cj, (tj, lj) = front[j].candidate, front[j].values(space)
+            if (cj.tp, cj.batch) == (c.tp, c.batch) and abs(t - tj) <= tol * abs(tj) and abs(l - lj) <= tol * abs(lj):
+                into[i] = j
+                break
+        else:
+            shown.append(i)
+    return into
+
+
+def distinct(front: Sequence[Evaluation], space: Space) -> list[Evaluation]:
+    """The points of ``front`` a person reads (``near_duplicates`` left out), in its order."""
+    return [e for e, into in zip(front, near_duplicates(front, space)) if into is None]
 
 
 def by_latency(front: Sequence[Evaluation], space: Space) -> list[Evaluation]:

@@ -168,9 +168,12 @@ def _target(path: Path, data) -> Target:
         **s.settings(Target, "name", "runner", "hardware", "bucket_policy", "dtype", "seed", "batching", "prefill"),
     )
     try:
-        options_schema = runner_class(runner).options_schema
+        cls = runner_class(runner)
     except RunnerUnavailable:
-        options_schema = None  # validated when the runner is installed and chosen
+        cls = None  # validated when the runner is installed and chosen
+    if cls is not None and cls.refuses_batching(target):
+        s.fail(cls.refuses_batching(target))
+    options_schema = cls.options_schema if cls is not None else None
     if options_schema is not None:
         o = _Section(path, "target.options", options, set(options_schema))
         for k, (typ, default) in options_schema.items():

@@ -104,6 +104,9 @@ def eval_tp(expr: Any, tp: int) -> float:
 class Budget:
     profile_s: float | None = setting(None, float, above=0, help="most hardware seconds spent profiling")
     confirm_s: float | None = setting(None, float, above=0, help="most hardware seconds spent confirming")
+    confirm_timeout_s: float | None = setting(None, float, above=0, help="most seconds one confirmation task (the "
+                                                                         "candidate's compile, warm-up and workload) "
+                                                                         "may run; unset: no limit")
     top_k: int = setting(3, int, min=1, help="candidates confirmed on the hardware")
     trials: int = setting(200, int, min=1, help="Optuna trials")
     tolerance: float = setting(0.10, float, above=0, below=10, hint="a fraction such as 0.1",

@@ -32,11 +32,14 @@ class WorkloadDescription:
     #: set when the space scales lengths / drops requests longer than the largest bucket
     length_scale: float | None = None
     dropped_longer: int | None = None
+    #: True when ``source`` came from ``--workload`` rather than the space's [workload]
+    #: (None: a run.json written before this was recorded)
+    override: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         head = {k: d.pop(k) for k in ("source", "requests", "seed")}
-        extra = {k: d.pop(k) for k in ("length_scale", "dropped_longer")}
+        extra = {k: d.pop(k) for k in ("length_scale", "dropped_longer", "override")}
         return {**head, **{k: v for k, v in extra.items() if v is not None}, **d}
 
     @classmethod
@@ -51,11 +54,13 @@ def _check_flag(flag: str, name: str, value: int | None) -> None:
 
 
 def load_requests(space: Space, *, workload: str | None = None, requests: int | None = None,
-                  seed: int | None = None) -> tuple[Requests, WorkloadDescription]:
-    """The workload sample of a search, fitted to the space's largest bucket.
+                  seed: int | None = None, length_scale: float | None = None, drop_longer: bool | None = None,
+                  max_len: int | None = None) -> tuple[Requests, WorkloadDescription]:
+    """The workload sample of a search, fitted to the space's largest bucket (or ``max_len``).
 
     ``workload`` overrides the space's source (its length_scale and drop_longer still
-    apply); ``requests`` and ``seed`` override its sample size and seed.
+    apply); ``requests``, ``seed``, ``length_scale`` and ``drop_longer`` override the
+    space's settings (the command line's flags).
     """
     spec = space.workload
     if workload is None and spec is None:
@@ -63,7 +68,10 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
                         f"or pass --workload FILE|NAME")
     _check_flag("--requests", "requests", requests)
     _check_flag("--seed", "seed", seed)
+    _check_flag("--length-scale", "length_scale", length_scale)
     given = spec or WorkloadSpec()
+    scale_by = length_scale if length_scale is not None else given.length_scale
+    drop = drop_longer if drop_longer is not None else given.drop_longer
     n = requests if requests is not None else given.requests
     s = seed if seed is not None else given.seed
     if workload is not None:
@@ -84,24 +92,37 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
         except UserError as exc:
             raise UserError(f"{space.path}: [workload]: {exc}") from None
     scale = None
-    if spec is not None and spec.length_scale != 1.0:
+    if scale_by != 1.0:
         try:
-            req = scale_lengths(req, spec.length_scale)
+            req = scale_lengths(req, scale_by)
         except UserError as exc:
-            raise UserError(f"{space.path}: workload.{exc}") from None
-        scale = spec.length_scale
-    max_len = space.search.buckets[-1]
-    fitted, dropped = fit_to(req, max_len)
+            where = "--length-scale" if length_scale is not None else f"{space.path}: workload."
+            raise UserError(f"{where}{exc}") from None
+        scale = scale_by
+    largest = space.search.buckets[-1] if max_len is None else max_len
+    what = f"the largest bucket {largest} of {'space.buckets in ' + str(space.path) if max_len is None else '--buckets'}"
+    fitted, dropped = fit_to(req, largest)
     if dropped:
-        if not (spec and spec.drop_longer):
+        if not drop:
             raise UserError(
-                f"{dropped} of {len(req)} sampled requests are longer than the largest bucket {max_len} of {space.path}; "
-                f"add a larger bucket to space.buckets or set workload.drop_longer = true"
+                f"{dropped} of {len(req)} sampled requests are longer than {what}; add a larger bucket, or set "
+                f"workload.drop_longer = true (--drop-longer)"
             )
         if len(fitted) == 0:
-            raise UserError(f"every sampled request of {src} is longer than the largest bucket {max_len} of "
-                            f"space.buckets in {space.path}; add a larger bucket (or lower workload.length_scale)")
+            raise UserError(f"every sampled request of {src} is longer than {what}; add a larger bucket (or lower "
+                            f"workload.length_scale, --length-scale)")
     return fitted, WorkloadDescription(
         source=str(src), requests=n, seed=s, length_scale=scale, dropped_longer=dropped or None,
+        override=workload is not None,
         input_mean=float(fitted.input_len.mean()), output_mean=float(fitted.output_len.mean()),
         input_max=int(fitted.input_len.max()), output_max=int(fitted.output_len.max()))
+
+
+def requests_again(space: Space, desc: WorkloadDescription) -> tuple[Requests, WorkloadDescription]:
+    """The same workload sample a run drew (``desc`` from its run.json), for ``lensopt confirm``."""
+    override = desc.override
+    if override is None:  # an older run.json: the source says whether it was the space's own
+        spec = space.workload
+        own = None if spec is None else str(spec.trace if spec.trace is not None else spec.distribution)
+        override = desc.source != own
+    return load_requests(space, workload=desc.source if override else None, requests=desc.requests, seed=desc.seed)

@@ -26,7 +26,8 @@ and E2E are measured from each request's arrival.
 
 ``--modes static`` makes it declare static batches only (as a program written before
 continuous mode would). For tests, ``--mode`` makes it misbehave (``--fail-on`` picks the operation):
-slow, crash, garbage, silent, protocol, error, short, nan, negative, mismatch,
+slow, crash, garbage, silent, protocol, error, oom (an error marked ``"kind": "out_of_memory"``:
+a failure that would come back the same), short, nan, negative, mismatch,
 flat (every profile run takes the same time, so the longer run is not slower) and
 outlier (one repeat of every profile run is five times slower: a huge spread).
 ``--only-batch N`` limits the misbehaviour to units and candidates of batch N;
@@ -43,7 +44,7 @@ import time
 
 VERSION = "toy-npu 1.0"
 PROTOCOL = 1
-MODES = ("ok", "slow", "crash", "garbage", "silent", "protocol", "error", "short", "nan", "negative", "mismatch",
+MODES = ("ok", "slow", "crash", "garbage", "silent", "protocol", "error", "oom", "short", "nan", "negative", "mismatch",
          "flat", "outlier")
 OPS = ("describe", "profile", "run_workload")
 
@@ -341,6 +342,9 @@ def misbehave(mode, op, reply):
         reply["protocol"] = PROTOCOL + 1
     elif mode == "error":
         return {"protocol": PROTOCOL, "error": "toy-npu: simulated device fault during %s" % op}
+    elif mode == "oom":
+        return {"protocol": PROTOCOL, "kind": "out_of_memory",
+                "error": "toy-npu: out of device memory during %s (simulated)" % op}
     elif op == "profile" and mode == "flat":
         for r in reply["runs"]:
             r["times_s"] = [reply["runs"][0]["times_s"][0]] * len(r["times_s"])

@@ -125,6 +125,54 @@ def test_hung_profile_times_out_and_the_search_goes_on(tmp_path, ray_session, fa
     fault.lost, fault.duplicated = 0, 0
 
 
+def test_hung_confirmation_times_out_and_hardware_seconds_count_the_warm_up(tmp_path, ray_session, fault):
+    """Confirmation tasks have a timeout as profiling tasks do; a confirmation that ran counts
+    the warm-up run (which compiles every graph) as well as the measured one."""
+    from lens.types import Candidate
+    from search.confirm import confirm_front
+    from search.dispatch import Dispatcher
+    from search.evaluate import Evaluator
+    from search.ledger import RunLedger
+    from spaces import load_requests
+
+    fault.fault = "hung confirmation (per-task timeout)"
+    marker = f"hang-confirm-{os.getpid()}-{time.time_ns()}"
+    path = toy_space(tmp_path, "--mode", "slow", "--sleep", "300", "--fail-on", "run_workload", "--only-batch", "4",
+                     "--label", marker)
+    path.write_text(path.read_text().replace("[budget]\n", "[budget]\nconfirm_timeout_s = 4\n"))
+    space = load_space(path)
+    fault.injected = "toy program sleeps 300 s in run_workload (batch 4); budget.confirm_timeout_s = 4"
+    reqs, _ = load_requests(space)
+    runner = get_runner(space.target)
+    ev = Evaluator(space, reqs)
+    bk = space.search.buckets
+    front = []
+    for batch in (1, 4):
+        m = measure_unit(space.target, tp=1, batch=batch, buckets=bk, all_buckets=bk, profile=space.profile,
+                         runner=runner)
+        ev.set_measured((1, batch), m.profiles)
+        front.append(ev.evaluate(Candidate(1, batch, bk, bk), with_prediction=True))
+    ledger = RunLedger()
+    try:
+        got = confirm_front(front, 2, space=space, requests=reqs, dispatcher=Dispatcher(resources_for=space.hosts.resources_for),
+                            ledger=ledger, log=lambda m: None, progress=False)
+        left = wait_for(lambda: not processes_with(marker), timeout=15)
+    finally:
+        stray = processes_with(marker)
+        for pid in stray:
+            os.kill(pid, signal.SIGKILL)
+    assert left, f"the hung program survived its task: pids {stray}"
+    ok, hung = got
+    assert hung.error is not None and "TimeoutError" in hung.error and "budget.confirm_timeout_s" in hung.error
+    assert ok.error is None
+    # the same two runs the task made, made here: the toy's seconds are deterministic
+    c = front[0].candidate
+    warm, full = runner.run_workload(c, reqs.head(c.batch)), runner.run_workload(c, reqs)
+    assert warm.compile_s > 0
+    assert ledger.confirm_hardware_s == pytest.approx(warm.compile_s + warm.run_s + full.compile_s + full.run_s)
+    fault.lost, fault.duplicated = 0, 0
+
+
 # -- 3. `lensopt run` killed with SIGKILL mid-search -------------------------------------------
 def _journal(path: Path) -> list[tuple]:
     """The trials in a run's store (lines a kill cut short are not read)."""
@@ -362,6 +410,42 @@ def test_transient_noise_is_measured_again_and_passes(tmp_path, ray_session, fau
     attempts = {(t["tp"], t["batch"]): t["attempts"] for t in res.info["unit_tasks"]}
     assert attempts == {(1, 1): 1, (1, 4): 2}
     assert _tpot_ok(res)
+    fault.lost, fault.duplicated = 0, 0
+
+
+def test_out_of_device_memory_is_not_retried_is_remembered_and_skipped(tmp_path, ray_session, fault, capsys):
+    """A deterministic failure: one call (no Ray retry), one line, remembered in the cache so
+    that the next search skips the unit; ``--retry-failed`` measures it again."""
+    fault.fault = "out of device memory (a failure that repeats)"
+    count = tmp_path / "calls"
+    space = toy_space(tmp_path, "--mode", "oom", "--fail-on", "profile", "--only-batch", "4", "--fail-times", "1000",
+                      "--count-file", str(count))
+    fault.injected = "every profile call of batch 4 answers out of device memory (kind out_of_memory)"
+    logs: list[str] = []
+    res = _run(space, tmp_path, logs, profile_all=True, confirm=False, trials=8, name="first")
+    assert count.read_bytes() == b"."  # called once: Ray did not retry it
+    failed = res.info["units_failed"]
+    assert list(failed) == ["1x4"] and failed["1x4"].startswith("DeviceOutOfMemory: ") and "\n" not in failed["1x4"]
+    lines = [m for m in logs if "FAILED" in m]
+    assert len(lines) == 1 and "out of device memory" in lines[0] and "\n" not in lines[0]
+    cache = tmp_path / "cache.sqlite"
+    with ProfileCache.open(cache, create=False) as c:
+        rec = c.get_failure(res.info["fingerprint"], 1, 4)
+        assert c.claims().empty
+    assert rec is not None and rec.kind == "DeviceOutOfMemory" and "out of device memory" in rec.reason
+    capsys.readouterr()
+    assert main(["cache", "ls", "--cache", str(cache)]) == 0
+    listing = capsys.readouterr().out
+    assert "failed for good" in listing and "out of device memory" in listing and "1 failed unit" in listing
+    # another search on the same cache skips it: the program is not called again
+    again = _run(space, tmp_path, profile_all=True, confirm=False, trials=8, name="second")
+    assert count.read_bytes() == b"."
+    assert "recorded in the profile cache" in again.info["units_failed"]["1x4"]
+    assert "1x4" in (again.run_dir / "report.md").read_text()
+    # asked to, it tries again (and, failing again, the record is renewed)
+    retry = _run(space, tmp_path, profile_all=True, confirm=False, trials=8, name="third", retry_failed=True)
+    assert count.read_bytes() == b".."
+    assert retry.info["units_failed"]["1x4"].startswith("DeviceOutOfMemory: ")
     fault.lost, fault.duplicated = 0, 0
 
 

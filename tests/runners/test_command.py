@@ -210,20 +210,53 @@ def test_a_slow_program_is_killed_at_the_timeout():
     assert "toy-npu: describe (mode slow)" in msg  # what it had logged before
 
 
-def test_a_timeout_also_kills_what_the_program_started(tmp_path):
-    """The program's child sleeps on; killing the process group must end it too."""
-    marker = tmp_path / "child-survived"
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for its reaper counts as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_a_timeout_also_kills_what_the_program_started(tmp_path, monkeypatch):
+    """The program's child runs on; killing the process group at the timeout must end it too.
+
+    The runner's timeout starts only once the child has said it runs (its pid file): on a
+    slow host the test then still checks a live child, never one that had not started.
+    """
+    import subprocess
+
+    import runners.command
+
+    pidfile = tmp_path / "child.pid"
     prog = tmp_path / "parent.py"
-    prog.write_text(
-        "import subprocess, sys, time\n"
-        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(2); open({str(marker)!r}, \"w\")'])\n"
-        "time.sleep(60)\n"
-    )
+    child = (f"import os, time; open({str(pidfile) + '.tmp'!r}, 'w').write(str(os.getpid())); "
+             f"os.rename({str(pidfile) + '.tmp'!r}, {str(pidfile)!r}); time.sleep(600)")
+    prog.write_text(f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}])\ntime.sleep(600)\n")
+    seen: list[int] = []
+
+    class ChildFirst(subprocess.Popen):
+        def communicate(self, input=None, timeout=None):
+            if timeout is not None and not seen:  # the runner's call: hold its clock until the child runs
+                deadline = time.monotonic() + 120
+                while not pidfile.exists():
+                    assert self.poll() is None and time.monotonic() < deadline, "the child never started"
+                    time.sleep(0.05)
+                seen.append(int(pidfile.read_text()))
+                assert not _gone(seen[0])
+            return super().communicate(input, timeout)
+
+    monkeypatch.setattr(runners.command.subprocess, "Popen", ChildFirst)
     r = CommandRunner(target(["{python}", str(prog)], timeout_s=0.5))
     with pytest.raises(RunnerError, match="timeout"):
         r.describe()
-    time.sleep(2.5)
-    assert not marker.exists()
+    assert seen, "the runner never waited on the program"
+    deadline = time.monotonic() + 30  # SIGKILL is immediate; the deadline only bounds a broken kill
+    while not _gone(seen[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(seen[0]), f"the program's child {seen[0]} survived the timeout"
 
 
 def test_a_crash_carries_the_exit_status_and_the_stderr_tail():

@@ -2,6 +2,7 @@
 declaring fake accelerator resources; profiling tasks must land only where their tp fits."""
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -25,77 +26,121 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _node_ports(k: int) -> list[str]:
-    """Ports of its own for node k: several nodes on one host must not meet on Ray's fixed defaults."""
+#: worker ports come from slices of 20000-32767: below the kernel's ephemeral ports (where
+#: _free_port draws) and above the range local Rays use by default (10002-19999)
+_WORKER_PORTS = range(20000, 32768 - 250, 250)
+#: seconds a node may take to start, and the cluster to see all its nodes, on a loaded host
+START_S = 300
+
+
+def _node_ports() -> list[str]:
+    """Ports of its own for one node: several nodes on one host (and other tests' clusters on
+    it) must not meet on Ray's fixed defaults. A node that still meets a taken port exits,
+    and is started again on fresh ports."""
     out = []
     for flag in ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
                  "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port"):
         out += [flag, str(_free_port())]
-    lo = 30000 + 1000 * k
-    return out + ["--min-worker-port", str(lo), "--max-worker-port", str(lo + 999)]
+    lo = random.SystemRandom().choice(_WORKER_PORTS)
+    return out + ["--min-worker-port", str(lo), "--max-worker-port", str(lo + 249)]
 
 
-def _start(args, env, k: int):
+def _start(args, env, log: Path) -> subprocess.Popen:
     # --block keeps `ray start` in the foreground; SIGTERM to it stops exactly the node it started
-    return subprocess.Popen([RAY, "start", "--block", "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
-                             *_node_ports(k), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen([RAY, "start", "--block", "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
+                                 *_node_ports(), *args],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _started(proc: subprocess.Popen, log: Path) -> bool:
+    """Wait until the node says it started (True) or its `ray start` exits (False).
+
+    `ray start --block` prints "Ray runtime started." once its processes run, and exits
+    when one of them dies; a deadline only guards against a host that never gets to it.
+    """
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        if b"Ray runtime started" in log.read_bytes():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.2)
+    raise RuntimeError(f"`ray start` printed nothing in {START_S} s: {log.read_text()[-2000:]}")
+
+
+def _node(args, env, tmp_path: Path, name: str, procs: list) -> None:
+    """Start one node and wait for it, starting it again (fresh ports) if it exits first."""
+    for attempt in range(3):
+        log = tmp_path / f"{name}-{attempt}.log"
+        proc = _start(args, env, log)
+        procs.append(proc)
+        if _started(proc, log):
+            return
+    raise RuntimeError(f"node {name} exited three times: {log.read_text()[-2000:]}")
 
 
 def _ray_py(code: str, env) -> str:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240, check=True).stdout
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=START_S + 120, check=True).stdout
+
+
+def _stop(procs: list) -> None:
+    for p in reversed(procs):
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def ray_head(tmp_path):
+    """A head node with token authentication, as a shared cluster should run: (address, env, procs)."""
     import ray
 
     if ray.is_initialized():  # a local Ray of an earlier test in this process: free its cores first
         ray.shutdown()
     port = _free_port()
-    # token authentication, as a shared cluster should run: a token of this test's own
+    # a token of this test's own
     token = tmp_path / "ray_token"
     token.write_text(secrets.token_hex(32))
     # a Ray started earlier in this test session exports RAY_ADDRESS: never inherit it
     base = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env = {**base, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    procs = [_start(["--head", "--port", str(port), "--num-cpus", "1", "--include-dashboard", "false"], env, 0)]
-    addr = f"127.0.0.1:{port}"
+    procs: list[subprocess.Popen] = []
     try:
-        deadline = time.time() + 60
-        while True:  # wait for the head before adding workers
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise RuntimeError("the Ray head did not start")
-                time.sleep(0.5)
-        procs.append(_start(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 2})], env, 1))
-        time.sleep(5)  # one node joining at a time is gentler on a 2-core machine
-        procs.append(_start(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 4})], env, 2))
-        code = ("import ray, json, time\n"
-                f"ray.init(address='{addr}', logging_level='ERROR')\n"
-                "for _ in range(360):\n"
-                "    nodes = [n for n in ray.nodes() if n['Alive']]\n"
-                "    if len(nodes) == 3: break\n"
-                "    time.sleep(0.5)\n"
-                "print('NODES=' + json.dumps([{'id': n['NodeID'], 'acc': n['Resources'].get('fake_acc', 0)} for n in nodes]))\n")
-        out = _ray_py(code, env)
-        line = [x for x in out.splitlines() if x.startswith("NODES=")]
-        assert line, out[-2000:]
-        nodes = json.loads(line[-1][len("NODES="):])
-        assert len(nodes) == 3, nodes
-        yield addr, nodes, env
+        _node(["--head", "--port", str(port), "--num-cpus", "1", "--include-dashboard", "false"], env, tmp_path, "head",
+              procs)
+        yield f"127.0.0.1:{port}", env, procs
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        _stop(procs)
+
+
+@pytest.fixture
+def cluster(tmp_path, ray_head):
+    """The head and two worker nodes declaring fake accelerators: (address, nodes, env)."""
+    addr, env, procs = ray_head
+    # one node joining at a time is gentler on a 2-core machine
+    _node(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 2})], env, tmp_path, "w1", procs)
+    _node(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 4})], env, tmp_path, "w2", procs)
+    # every node said it started; the head may still be registering the last one: wait for it
+    code = ("import ray, json, time\n"
+            f"ray.init(address='{addr}', logging_level='ERROR')\n"
+            f"deadline = time.monotonic() + {START_S}\n"
+            "while True:\n"
+            "    nodes = [n for n in ray.nodes() if n['Alive']]\n"
+            "    if len(nodes) == 3 or time.monotonic() > deadline: break\n"
+            "    time.sleep(0.5)\n"
+            "print('NODES=' + json.dumps([{'id': n['NodeID'], 'acc': n['Resources'].get('fake_acc', 0)} for n in nodes]))\n")
+    out = _ray_py(code, env)
+    line = [x for x in out.splitlines() if x.startswith("NODES=")]
+    assert line, out[-2000:]
+    nodes = json.loads(line[-1][len("NODES="):])
+    assert len(nodes) == 3, (nodes, [p.poll() for p in procs])
+    yield addr, nodes, env
 
 
 def test_profiling_tasks_land_only_on_nodes_with_the_resources(tmp_path, cluster):
@@ -129,3 +174,21 @@ def test_profiling_tasks_land_only_on_nodes_with_the_resources(tmp_path, cluster
         units = c.units()
     assert len(units) == 6 and not units.duplicated(["fingerprint", "tp", "batch"]).any()
     assert (units["n_buckets"] == 4).all()
+
+
+def test_a_run_without_the_clusters_token_is_one_line_exit_2_and_writes_nothing(tmp_path, ray_head):
+    """The README's promise for a token-authenticated cluster joined without the token."""
+    addr, env, _ = ray_head
+    space = write_space(tmp_path)
+    home = tmp_path / "home"  # no ~/.ray/auth_token to fall back on
+    home.mkdir()
+    bare = {k: v for k, v in env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")}
+    r = subprocess.run([sys.executable, "-m", "search.cli", "run", str(space), "--ray-address", addr,
+                        "--results", str(tmp_path / "res"), "--cache", str(tmp_path / "c.sqlite"), "--no-progress"],
+                       capture_output=True, text=True, env={**bare, "HOME": str(home)}, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "wants a token" in lines[0] and "RAY_AUTH_MODE" in lines[0] and "RAY_AUTH_TOKEN_PATH" in lines[0]
+    assert not (tmp_path / "res").exists() and not (tmp_path / "c.sqlite").exists()

@@ -129,6 +129,31 @@ def test_confirm_reads_the_front_from_the_ledger(tmp_path, ray_local, capsys):
     assert "records no Pareto front" in capsys.readouterr().err
 
 
+def test_confirm_reruns_the_runs_own_workload_override(tmp_path, ray_local, capsys):
+    """After ``run --workload X`` on a space with its own [workload], ``confirm`` predicts and
+    measures X again (same size and seed), not the space's workload."""
+    space = write_space(tmp_path)
+    res = _run(space, tmp_path, name="w", trials=20, confirm=False, workload="cnn_dailymail", requests=24, seed=5)
+    rd = res.run_dir
+    info = json.loads((rd / "run.json").read_text())
+    assert info["workload"]["source"] == "cnn_dailymail" and info["workload"]["override"] is True
+    assert main(["confirm", str(rd), "--top", "1", "--cache", str(tmp_path / "cache.sqlite"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    n = 24 - info["workload"].get("dropped_longer", 0)
+    assert f"with the {n}-request workload" in out
+    front, conf = pd.read_csv(rd / "pareto.csv"), pd.read_csv(rd / "confirm.csv")
+    row = conf.iloc[0]
+    same = front[(front["tp"] == row["tp"]) & (front["batch"] == row["batch"])
+                 & (front["ctx_buckets"] == row["ctx_buckets"]) & (front["tkg_buckets"] == row["tkg_buckets"])]
+    # predicted on the same sample as the search predicted it
+    assert row["throughput_tok_s_predicted"] == pytest.approx(same["throughput_tok_s"].iloc[0], rel=1e-9)
+    # a run.json from before "override" was recorded: the source alone says it
+    del info["workload"]["override"]
+    (rd / "run.json").write_text(json.dumps(info))
+    assert main(["confirm", str(rd), "--top", "1", "--cache", str(tmp_path / "cache.sqlite"), "--no-progress"]) == 0
+    assert f"with the {n}-request workload" in capsys.readouterr().out
+
+
 def test_second_search_on_a_full_cache_profiles_nothing(tmp_path, ray_local):
     space = write_space(tmp_path)
     sp = load_space(space)

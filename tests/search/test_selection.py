@@ -6,7 +6,8 @@ import pytest
 from lens.types import Candidate, ModelShape, Target
 from search.evaluate import Evaluation
 from search.selection import (
-    anchor_unit, by_latency, front_of, hv_gain, knee, measured_sweep, nearest, promising_units, spread_pick,
+    anchor_unit, by_latency, distinct, front_of, hv_gain, knee, measured_sweep, near_duplicates, nearest,
+    promising_units, spread_pick,
 )
 from spaces import SearchSpace, Space
 
@@ -125,3 +126,27 @@ def test_anchor_is_the_smallest_tp_at_a_middling_batch():
     assert anchor_unit(sp.search, lambda tp, b: None) == (1, 4)
     assert anchor_unit(sp.search, lambda tp, b: "no" if tp == 1 else None) == (2, 4)
     assert anchor_unit(sp.search, lambda tp, b: "no") is None
+
+
+def test_near_duplicate_front_rows_collapse_into_the_fewest_buckets():
+    """Three rows of one unit a small bucket apart, within noise (472.1, 473.0, 473.1 tok/s):
+    a person reads one, the one with the fewest buckets; another unit's row stays apart."""
+    sp = space()
+    lean = ev(2, 4, 472.1, 1.000, (128, 256))
+    mid = ev(2, 4, 473.0, 1.004, (64, 128, 256))
+    full = ev(2, 4, 473.1, 1.006, (64, 128, 256, 512))
+    other = ev(1, 4, 473.0, 1.004, (128, 256))  # as close, but another unit: a different deployment
+    apart = ev(2, 4, 520.0, 1.300, ALL)  # the same unit, 10% away: a real trade-off
+    front = [lean, mid, full, other, apart]
+    assert near_duplicates(front, sp) == [None, 0, 0, None, None]
+    assert distinct(front, sp) == [lean, other, apart]
+
+
+def test_the_front_table_keeps_every_row_and_marks_the_collapsed_ones():
+    from search.results import front_table
+
+    sp = space()
+    front = [ev(2, 4, 472.1, 1.0, (128, 256)), ev(2, 4, 473.0, 1.004, ALL), ev(2, 8, 700.0, 2.0)]
+    t = front_table(front, sp)
+    assert list(t["rank"]) == [1, 2, 3] and len(t) == 3
+    assert t["collapsed_into"].tolist()[1] == 1 and t["collapsed_into"].isna().tolist() == [True, False, True]

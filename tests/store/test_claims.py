@@ -4,7 +4,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -45,15 +44,30 @@ def test_other_units_are_not_blocked(cache):
                             lease_s=LEASE_S).granted
 
 
-def test_expired_claims_are_taken_over_and_renewal_keeps_them(cache):
+class Clock:
+    """The claims' clock, moved by the test: leases run out exactly when it says."""
+
+    def __init__(self, now: float = 1_700_000_000.0):
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_expired_claims_are_taken_over_and_renewal_keeps_them(cache, monkeypatch):
+    import store.claims
+
+    clock = Clock()
+    monkeypatch.setattr(store.claims, "time", clock)
     a, b = "elsewhere:1:aa", new_claimant_id()
-    assert cache.claim_unit(fingerprint=FP, tp=1, batch=1, buckets=[128], owner=a, lease_s=0.3).granted
-    assert cache.renew_claims(owner=a, units=[(FP, 1, 1)], lease_s=0.6) == 1
-    time.sleep(0.35)
+    assert cache.claim_unit(fingerprint=FP, tp=1, batch=1, buckets=[128], owner=a, lease_s=10).granted
+    clock.now += 5
+    assert cache.renew_claims(owner=a, units=[(FP, 1, 1)], lease_s=10) == 1  # now until +15
+    clock.now += 9  # +14: past the first lease, inside the renewed one
     assert not cache.claim_unit(fingerprint=FP, tp=1, batch=1, buckets=[128], owner=b, lease_s=5).granted  # renewed
-    time.sleep(0.4)
+    clock.now += 1  # +15: the renewed lease has run out
     got = cache.claim_unit(fingerprint=FP, tp=1, batch=1, buckets=[128], owner=b, lease_s=5)
-    assert got.granted  # the lease ran out
+    assert got.granted and got.expires_at == clock.now + 5  # taken over
     assert cache.renew_claims(owner=a, units=[(FP, 1, 1)], lease_s=LEASE_S) == 0  # a's claim is gone
     assert cache.release_claims(owner=b) == 1 and cache.claims().empty
 
