@@ -1,40 +1,123 @@
 """``report.md``, ``report.html``, ``pareto.png`` and ``staircase.png`` of a search."""
 from __future__ import annotations
 
-import base64
-import html
 import io
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
 from lens.types import BucketProfile, Candidate
 from spaces import Space
 
+from . import fmt
+from .html import page
 from .ledger import RunLedger, unit_key
+from .selection import NEAR_DUPLICATE
 
-_SHOW = ["rank", "tp", "batch", "ctx_buckets", "tkg_buckets", "throughput_tok_s", "throughput_tok_s_per_chip",
-         "ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "e2e_p90_s", "prefill_padding", "decode_padding", "source", "confirmed",
-         "flagged"]
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        if v != v:
-            return "-"
-        return f"{v:.4g}"
-    return str(v)
+#: prediction columns of the front, nearest-candidate and trial tables a person reads, in order
+#: (the space's objectives are added when they are not among them)
+FRONT_METRICS = ("throughput_tok_s", "throughput_tok_s_per_chip", "ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "e2e_p90_s")
+#: confirmation: the metrics shown predicted / measured / error
+CONFIRM_SHOWN = ("throughput_tok_s", "e2e_p90_s", "ttft_p50_s", "tpot_p50_s")
 
 
-def md_table(df: pd.DataFrame, cols: list[str] | None = None) -> str:
+def metric_label(name: str) -> str:
+    """``ttft_p50_s`` -> ``TTFT p50``; ``throughput_tok_s_per_chip`` -> ``throughput per chip``."""
+    if name.startswith("throughput_tok_s"):
+        rest = name[len("throughput_tok_s"):].replace("_", " ").strip()
+        return rest or "throughput"
+    kind, _, stat = name.removesuffix("_s").partition("_")
+    return f"{kind.upper()} {stat}" if stat else name
+
+
+def metric_value(name: str, v: Any) -> str:
+    """A metric's value with its unit, three significant figures."""
+    if name.startswith("throughput"):
+        return fmt.tok_s(v)
+    if name.endswith("_padding"):
+        return fmt.share(v)
+    if name.endswith("_s"):
+        return fmt.seconds(v)
+    return fmt.sig(v)
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table of cells already formatted for reading (``_none_`` when empty)."""
+    if not rows:
+        return "_none_\n"
+    esc = lambda c: str(c).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def _buckets(r: Mapping[str, Any]) -> str:
+    ctx, tkg = str(r["ctx_buckets"]), str(r["tkg_buckets"])
+    return ctx if ctx == tkg else f"ctx {ctx} / tkg {tkg}"
+
+
+def _shown_metrics(space: Space) -> list[str]:
+    return list(dict.fromkeys(FRONT_METRICS + (space.objectives.throughput, space.objectives.latency)))
+
+
+def candidates_table(df: pd.DataFrame | None, space: Space, *, ranked: bool = True) -> str:
+    """Front (or nearest) candidates: the unit, its buckets, the metrics, padding, where from."""
     if df is None or df.empty:
         return "_none_\n"
-    cols = [c for c in (cols or list(df.columns)) if c in df.columns]
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df[cols].iterrows():
-        out.append("| " + " | ".join(_fmt(r[c]) for c in cols) + " |")
-    return "\n".join(out) + "\n"
+    if "collapsed_into" in df:
+        df = df[df["collapsed_into"].isna()]
+    metrics = [m for m in _shown_metrics(space) if m in df]
+    over = [c for c in df.columns if c.startswith("slo_") and c.endswith("_over_s")]
+    header = (["#"] if ranked else []) + ["tp", "batch", "buckets"] + [metric_label(m) for m in metrics]
+    header += ["padding (prefill / decode)", "from"] + [f"over the SLO on `{c[4:-7]}`" for c in over]
+    confirmed = "confirmed" in df
+    if confirmed:
+        header.append("confirmed")
+    rows = []
+    for r in df.to_dict("records"):
+        row = ([str(r["rank"])] if ranked else []) + [str(r["tp"]), str(r["batch"]), _buckets(r)]
+        row += [metric_value(m, r[m]) for m in metrics]
+        row += [f"{fmt.share(r.get('prefill_padding'))} / {fmt.share(r.get('decode_padding'))}", str(r.get("source", ""))]
+        row += [fmt.seconds(r[c]) if r[c] > 0 else "met" for c in over]
+        if confirmed:
+            row.append(("yes" + (", **flagged**" if r.get("flagged") is True else "")) if r.get("confirmed") is True else "")
+        rows.append(row)
+    return md_table(header, rows)
+
+
+def confirm_md(confirm: pd.DataFrame) -> str:
+    """Predicted vs measured, the error of each, the per-request error and the flag."""
+    header = ["tp", "batch", "buckets"]
+    shown = [m for m in CONFIRM_SHOWN if f"{m}_predicted" in confirm]
+    header += [f"{metric_label(m)}: predicted / measured (error)" for m in shown]
+    header += ["per-request E2E error", "verdict"]
+    rows = []
+    for r in confirm.to_dict("records"):
+        row = [str(r["tp"]), str(r["batch"]), _buckets(r)]
+        if isinstance(r.get("error"), str) and r["error"]:
+            rows.append(row + ["failed: " + r["error"]] + [""] * (len(header) - 4))
+            continue
+        for m in shown:
+            row.append(f"{metric_value(m, r[f'{m}_predicted'])} / {metric_value(m, r[f'{m}_measured'])} "
+                       f"({fmt.signed_pct(r[f'{m}_err_%'])})")
+        row += [f"{fmt.sig(r.get('e2e_request_mape_%'))}%", "**flagged**" if r["flagged"] else "ok"]
+        rows.append(row)
+    return md_table(header, rows)
+
+
+def workload_line(ledger: RunLedger) -> str:
+    w = ledger.workload
+    if w is None:
+        return "-"
+    n = w.requests - (w.dropped_longer or 0)
+    bits = [f"`{w.source}`{' (instead of the space' + chr(39) + 's)' if w.override else ''}", f"{n} requests (seed {w.seed}"
+            + (f", lengths scaled by {w.length_scale:g}" if w.length_scale is not None else "")
+            + (f"; {w.dropped_longer} of {w.requests} dropped as longer than the largest bucket" if w.dropped_longer else "")
+            + ")"]
+    bits.append(f"input {fmt.sig(w.input_mean)} tokens on average (at most {w.input_max:,}), output "
+                f"{fmt.sig(w.output_mean)} (at most {w.output_max:,})")
+    return ", ".join(bits)
 
 
 def _plots(run_dir: Path, space: Space, front: pd.DataFrame, trials: pd.DataFrame, confirm: pd.DataFrame | None,
@@ -60,13 +143,11 @@ def _plots(run_dir: Path, space: Space, front: pd.DataFrame, trials: pd.DataFram
         ax.step(f[lcol], f[tcol], where="post", c="#cc3333", lw=1.5)
         ax.scatter(f[lcol], f[tcol], s=30, c="#cc3333", zorder=3,
                    label="Pareto front (" + ("estimated" if set(f.get("source", [])) - {"measured", "simulated"} else "predicted") + ")")
-    if confirm is not None and len(confirm) and f"{lcol}_measured" in confirm:
-        ax.scatter(confirm[f"{lcol}_measured"], confirm[f"{tcol}_measured"] if f"{tcol}_measured" in confirm else None,
+    if confirm is not None and len(confirm) and f"{lcol}_measured" in confirm and f"{tcol}_measured" in confirm:
+        ax.scatter(confirm[f"{lcol}_measured"], confirm[f"{tcol}_measured"],
                    marker="*", s=160, c="#228833", label="confirmed on hardware (measured)", zorder=4)
-    elif confirm is not None and len(confirm) and "throughput_tok_s_measured" in confirm and "e2e_p90_s_measured" in confirm and lcol == "e2e_p90_s":
-        pass
-    ax.set_xlabel(f"{lcol} (s)")
-    ax.set_ylabel(tcol)
+    ax.set_xlabel(f"{metric_label(lcol)} latency (s)")
+    ax.set_ylabel(f"{'throughput ' if tcol != 'throughput_tok_s' else ''}{metric_label(tcol)} (tok/s)")
     ax.set_title(f"{space.target.name}: throughput vs latency{tag}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -111,92 +192,66 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
     if estimate_only:
         sim = (f"**ESTIMATES ONLY: every number below comes from the {ledger.estimator or 'analytical'} model; "
                f"nothing was measured or confirmed on hardware.**\n\n")
+    hw = " (simulated)" if simulated else ""
     lines = [f"# lensopt search: {t.name}\n", sim,
-             f"- target: runner `{t.runner}` on `{t.hardware}`, model {t.model.to_dict()}, dtype {t.dtype}, "
-             f"policy {t.bucket_policy}, batching {space.target.batching}, prefill {t.prefill}",
-             f"- fingerprint `{ledger.fingerprint}`; space `{ledger.space}` (sha256 {ledger.space_sha256[:12]})",
-             f"- workload: {ledger.workload.to_json() if ledger.workload else None}",
+             f"- target: runner `{t.runner}` on `{t.hardware}`; bucket policy {t.bucket_policy}, "
+             f"{space.target.batching} batching, {t.prefill} prefill",
+             f"- model: {fmt.model_line(t.model, t.dtype)}",
+             f"- workload: {workload_line(ledger)}",
              f"- objectives: maximise `{space.objectives.throughput}`, minimise `{space.objectives.latency}`; "
-             f"SLO: {', '.join(f'{k} <= {v:g} s' for k, v in space.slo) or 'none'}",
+             f"SLO: {', '.join(f'`{k}` at most {fmt.seconds(v)}' for k, v in space.slo) or 'none'}",
              f"- trials: {ledger.trials}; units measured this run: {len(ledger.units_measured)}, "
              f"reused from the cache: {len(ledger.units_reused)}, failed: {len(ledger.units_failed)}",
-             f"- hardware seconds{' (simulated)' if simulated else ''}: profiling {ledger.profile_hardware_s:.1f}, "
-             f"confirmation {ledger.confirm_hardware_s:.1f}",
+             f"- hardware time{hw}: profiling {fmt.seconds(ledger.profile_hardware_s)}, "
+             f"confirmation {fmt.seconds(ledger.confirm_hardware_s)}",
+             f"- fingerprint `{ledger.fingerprint}`; space `{ledger.space}` (sha256 `{ledger.space_sha256[:12]}`)",
              ""]
     if chosen is not None:
+        same = chosen.ctx_buckets == chosen.tkg_buckets
+        sets = (f"buckets {', '.join(map(str, chosen.ctx_buckets))} for both phases" if same else
+                f"context-encoding buckets {', '.join(map(str, chosen.ctx_buckets))}, token-generation buckets "
+                f"{', '.join(map(str, chosen.tkg_buckets))}")
         lines += ["## Chosen configuration\n",
-                  f"tp = {chosen.tp}, batch = {chosen.batch}, context-encoding buckets {list(chosen.ctx_buckets)}, "
-                  f"token-generation buckets {list(chosen.tkg_buckets)} (the front's knee; `deploy/` holds it as the runner takes it).\n"]
+                  f"tp {chosen.tp}, batch {chosen.batch}, {sets}: the front's knee; `deploy/` holds it as the "
+                  f"runner takes it.\n"]
     kind = "estimated, never measured" if estimate_only else "predicted from measured profiles"
-    lines += [f"## Pareto front ({kind})\n", md_table(front, _SHOW)]
+    lines += [f"## Pareto front ({kind})\n", candidates_table(front, space)]
+    hidden = int(front["collapsed_into"].notna().sum()) if "collapsed_into" in front else 0
+    if hidden:
+        lines += [f"{hidden} more row(s) of the same tp and batch, within {NEAR_DUPLICATE:.0%} of a row above on both "
+                  f"objectives but with more buckets, are left out here; `pareto.csv` keeps them (`collapsed_into`).\n"]
     if nearest:
-        lines += ["## No candidate meets the SLO: the nearest ones\n", md_table(pd.DataFrame(nearest))]
+        lines += ["## No candidate meets the SLO: the nearest ones\n",
+                  candidates_table(pd.DataFrame(nearest), space, ranked=False)]
     lines += ["## Confirmation on the hardware\n"]
     if confirm is None or confirm.empty:
         lines += ["_not run_\n"]
     else:
-        lines += [f"Predicted vs measured on the workload sample; |error| over {space.budget.tolerance * 100:g}% is flagged.\n",
-                  md_table(confirm)]
+        lines += [f"Predicted vs measured on the workload sample; an error over {space.budget.tolerance * 100:g}% "
+                  f"is flagged.\n", confirm_md(confirm)]
     if "staircase.png" in pngs:
-        lines += ["## Per-bucket staircase of the chosen unit" + (" (estimated)" if estimate_only else "") + "\n", "![staircase](staircase.png)\n",
-                  md_table(pd.DataFrame([{"bucket": b, "TTFT_b_s": p.ttft_s, "TBT_b_s": p.tbt_s, "spread": p.spread,
-                                          "source": p.source} for b, p in sorted(staircase.items())]))]
+        lines += ["## Per-bucket staircase of the chosen unit" + (" (estimated)" if estimate_only else "") + "\n",
+                  "![staircase](staircase.png)\n",
+                  md_table(["bucket", "TTFT_b", "TBT_b", "spread of repeats", "from"],
+                           [[str(b), fmt.seconds(p.ttft_s), fmt.seconds(p.tbt_s), fmt.share(p.spread), p.source]
+                            for b, p in sorted(staircase.items())])]
     lines += ["## Throughput vs latency\n", "![pareto](pareto.png)\n"]
     if trials is not None and len(trials) and "infeasible" in trials:
-        inf = trials[trials["infeasible"].astype(str) != ""]
+        inf = trials[trials["infeasible"].fillna("").astype(str) != ""]
         if len(inf):
-            counts = inf.groupby("infeasible").size().reset_index(name="trials")
-            lines += ["## Infeasible candidates\n", md_table(counts)]
+            counts = inf.groupby("infeasible").size().sort_values(ascending=False)
+            lines += ["## Infeasible candidates\n", md_table(["why", "trials"], [[k, str(v)] for k, v in counts.items()])]
     if ledger.units_failed:
         lines += ["## Units whose profiling failed\n",
-                  "The search went on without them (a timeout, a lost device, or runs that stayed impossible to solve).\n",
-                  md_table(pd.DataFrame([{"unit": unit_key(u), "error": v} for u, v in ledger.units_failed.items()]))]
+                  "The search went on without them (out of device memory, a timeout, a lost device, or runs that "
+                  "stayed impossible to solve).\n",
+                  md_table(["unit (tp x batch)", "error"], [[unit_key(u), v] for u, v in ledger.units_failed.items()])]
     if ledger.units_noisy:
-        rows = [{"unit": unit_key(u), "bucket": str(b), "why": why} for u, per in ledger.units_noisy.items()
-                for b, why in per.items()]
+        rows = [[unit_key(u), str(b), why] for u, per in ledger.units_noisy.items() for b, why in per.items()]
         lines += ["## Noisy measurements\n",
                   "Buckets kept although their repeated runs spread widely (each was measured again, with more "
                   "repeats, up to profile.attempts times): predictions that use them are less certain.\n",
-                  md_table(pd.DataFrame(rows))]
+                  md_table(["unit (tp x batch)", "bucket", "why"], rows)]
     md = "\n".join(lines)
     (run_dir / "report.md").write_text(md)
-    (run_dir / "report.html").write_text(_html(md, pngs, t.name))
-
-
-def _html(md: str, pngs: dict[str, bytes], title: str) -> str:
-    """A self-contained page: the markdown's tables and headings, images inlined."""
-    body = []
-    rows: list[str] = []
-
-    def flush():
-        if rows:
-            head, *rest = rows
-            cells = [c.strip() for c in head.strip("|").split("|")]
-            h = "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cells) + "</tr>"
-            b = "".join("<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in r.strip("|").split("|")) + "</tr>"
-                        for r in rest if not r.startswith("|---"))
-            body.append(f"<table>{h}{b}</table>")
-            rows.clear()
-
-    for line in md.splitlines():
-        if line.startswith("|"):
-            rows.append(line)
-            continue
-        flush()
-        if line.startswith("# "):
-            body.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.startswith("## "):
-            body.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("!["):
-            name = line[line.index("(") + 1:line.index(")")]
-            if name in pngs:
-                data = base64.b64encode(pngs[name]).decode()
-                body.append(f'<img alt="{name}" src="data:image/png;base64,{data}">')
-        elif line.startswith("- "):
-            body.append(f"<li>{html.escape(line[2:])}</li>")
-        elif line.strip():
-            body.append(f"<p>{html.escape(line).replace('**', '')}</p>")
-    flush()
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;font-size:12px}"
-             "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}img{max-width:100%}")
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(body)}</body></html>\n"
+    (run_dir / "report.html").write_text(page(md, pngs, f"lensopt: {t.name}"))

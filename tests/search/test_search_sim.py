@@ -173,7 +173,7 @@ def test_unmeetable_slo_finishes_and_reports_nearest(tmp_path, ray_local):
     res = _run(space, tmp_path, confirm=False, trials=20)
     assert res.front.empty
     md = (res.run_dir / "report.md").read_text()
-    assert "No candidate meets the SLO" in md and "slo_e2e_p90_s_over_s" in md
+    assert "No candidate meets the SLO" in md and "over the SLO on `e2e_p90_s`" in md
     assert res.info["slo_met"] is False
 
 
