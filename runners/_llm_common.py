@@ -307,25 +307,24 @@ def execute_probes(
 
     Before the first probe of each bucket, ``warmup`` untimed runs of that probe (their
     seconds count in the returned hardware time, not in the probe's times).  ``warmed``
-    (buckets already warm on this engine) is updated in place.
+    (buckets already warm on this engine) is updated in place. The repeats are taken
+    round-robin over the probes, so a slow stretch of the host does not land on one bucket.
     """
     warmed = set() if warmed is None else warmed
-    runs: list[ProbeRun] = []
     run_s = 0.0
     for p in probes:
-        shape = [p.input_len] * batch
-        outs = [p.output_len] * batch
         if p.bucket not in warmed:
             for _ in range(warmup):
-                run_s += engine.generate_timed(prompts(shape), outs).wall_s
+                run_s += engine.generate_timed(prompts([p.input_len] * batch), [p.output_len] * batch).wall_s
             warmed.add(p.bucket)
-        times = []
-        for _ in range(p.repeats):
-            tb = engine.generate_timed(prompts(shape), outs)
-            times.append(float(tb.wall_s))
-            run_s += tb.wall_s
-        runs.append(ProbeRun(p, tuple(times)))
-    return runs, run_s
+    times: list[list[float]] = [[] for _ in probes]
+    for r in range(max((p.repeats for p in probes), default=0)):
+        for i, p in enumerate(probes):
+            if r < p.repeats:
+                tb = engine.generate_timed(prompts([p.input_len] * batch), [p.output_len] * batch)
+                times[i].append(float(tb.wall_s))
+                run_s += tb.wall_s
+    return [ProbeRun(p, tuple(t)) for p, t in zip(probes, times)], run_s
 
 
 @dataclass(frozen=True, eq=False)

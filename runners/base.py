@@ -6,6 +6,8 @@ A runner is constructed from a ``Target`` (no I/O in the constructor) and then:
   (runner, device kind, SDK/compiler versions, model architecture, dtype, policy);
 - ``profile(unit, probes)``: compiles the unit once for the probes' buckets and runs each
   probe (a full batch of identical requests, ``probe.repeats`` times), returning raw times;
+  the repeats are taken round-robin over the probes (every probe once, then every probe
+  again, ...), so a slow minute of the host spreads over all buckets instead of biasing one;
 - ``run_workload(candidate, requests, *, mode="static")``: runs real requests on the
   candidate's bucket sets, returning per-request TTFT and E2E: in static batches of
   ``candidate.batch`` (``mode="static"``, every runner), or served by continuous batching

@@ -28,15 +28,24 @@ and E2E are measured from each request's arrival.
 continuous mode would). For tests, ``--mode`` makes it misbehave (``--fail-on`` picks the operation):
 slow, crash, garbage, silent, protocol, error, oom (an error marked ``"kind": "out_of_memory"``:
 a failure that would come back the same), short, nan, negative, mismatch,
-flat (every profile run takes the same time, so the longer run is not slower) and
-outlier (one repeat of every profile run is five times slower: a huge spread).
+flat (every profile run takes the same time, so the longer run is not slower),
+outlier (one repeat of every profile run is five times slower: a huge spread),
+straggler (a busy host: now and then one graph call -- a prefill or a decode step --
+takes ``--straggler-factor`` times its time, 1 call in ``--straggler-every`` on average,
+drawn from ``target.seed`` and the call) and drift (the host got slower: every time is
+``--drift`` times longer).
 ``--only-batch N`` limits the misbehaviour to units and candidates of batch N;
-``--fail-times N --count-file PATH`` to the first N calls (counted in PATH).
+``--fail-times N --count-file PATH`` to the first N calls (counted in PATH);
+``--after N --count-file PATH`` to the calls after the first N (a host that drifts later).
+``$TOY_NPU_MODE`` and ``$TOY_NPU_DRIFT`` give ``--mode`` and ``--drift`` when they are not on
+the command line: the environment is no part of the fingerprint, so a host can be made to
+drift between a profile and a measurement without changing the device lensopt sees.
 """
 import argparse
 import hashlib
 import json
 import math
+import os
 import random
 import socket
 import sys
@@ -45,7 +54,7 @@ import time
 VERSION = "toy-npu 1.0"
 PROTOCOL = 1
 MODES = ("ok", "slow", "crash", "garbage", "silent", "protocol", "error", "oom", "short", "nan", "negative", "mismatch",
-         "flat", "outlier")
+         "flat", "outlier", "straggler", "drift")
 OPS = ("describe", "profile", "run_workload")
 
 # The toy device: one chip's peak, achieved fractions, host costs (public-ish round numbers).
@@ -88,6 +97,26 @@ def _unit(*parts):
 
 def _rng(*parts):
     return random.Random(hashlib.sha256(repr(parts).encode()).hexdigest())
+
+
+class Host:
+    """How the host treats graph calls: all at their time (``ok``), now and then one several
+    times slower (``straggler``), or all slower by a factor (``drift``)."""
+
+    def __init__(self, mode="ok", every=50.0, factor=4.0, drift=1.15):
+        self.mode, self.every, self.factor, self.drift = mode, every, factor, drift
+
+    def calls(self, costs, rng):
+        """Seconds of a sequence of graph calls of ``costs`` seconds each."""
+        if self.mode == "drift":
+            return sum(costs) * self.drift
+        if self.mode != "straggler":
+            return sum(costs)
+        p = 1.0 / self.every
+        return sum(c * (self.factor if rng.random() < p else 1.0) for c in costs)
+
+    def launch(self, seconds):
+        return seconds * (self.drift if self.mode == "drift" else 1.0)
 
 
 # -- the cost model ----------------------------------------------------------------------------
@@ -191,7 +220,7 @@ def op_describe(req, label, modes):
     return {"protocol": PROTOCOL, "version": VERSION, "device": device, "simulated": True, "modes": modes}
 
 
-def op_profile(req):
+def op_profile(req, host):
     target = _target(req)
     unit = req.get("unit")
     tp, batch = _int(unit, "tp", "unit."), _int(unit, "batch", "unit.")
@@ -217,19 +246,23 @@ def op_profile(req):
                 raise ToyError("probe %d: length %d leaves bucket %d of %r under the %s policy"
                                % (i, ctx, bucket, buckets, policy))
         # one generate call: `batch` prompts encoded one by one, then all rows decode together
-        t_once = HOST_CALL_S + batch * pre[bucket]
-        t_once += sum(dec[select(l_in + k, buckets, policy)] + HOST_ROW_S * batch for k in range(1, l_out))
+        costs = [pre[bucket]] * batch
+        costs += [dec[select(l_in + k, buckets, policy)] + HOST_ROW_S * batch for k in range(1, l_out)]
         key = (bucket, l_in, l_out)
         seen[key] = seen.get(key, -1) + 1
         rng = _rng("probe", seed, tp, batch, key, seen[key])
-        times = [t_once * rng.lognormvariate(0.0, NOISE) for _ in range(repeats)]
+        # which calls straggle depends on the request too (a probe asked again with more
+        # repeats meets other stragglers), never on anything but the request
+        slow = _rng("straggle", seed, tp, batch, key, seen[key], repeats)
+        times = [(host.launch(HOST_CALL_S) + host.calls(costs, slow)) * rng.lognormvariate(0.0, NOISE)
+                 for _ in range(repeats)]
         runs.append({"bucket": bucket, "input_len": l_in, "output_len": l_out, "times_s": times})
         run_s += sum(times)
     compile_s = sum(dev.compile_s("ctx", b) + dev.compile_s("tkg", b) for b in buckets)
     return {"protocol": PROTOCOL, "runs": runs, "compile_s": compile_s, "run_s": run_s, "host": host_name()}
 
 
-def op_run_workload(req):
+def op_run_workload(req, host):
     target = _target(req)
     cand = req.get("candidate")
     tp, batch = _int(cand, "tp", "candidate."), _int(cand, "batch", "candidate.")
@@ -255,6 +288,7 @@ def op_run_workload(req):
     digest = hashlib.sha256(json.dumps([lin, lout]).encode()).hexdigest()[:16]
     rng = _rng("workload", target.get("seed", 0), tp, batch, ctx, tkg, digest)
     compile_s = sum(dev.compile_s("ctx", b) for b in ctx) + sum(dev.compile_s("tkg", b) for b in tkg)
+    slow = _rng("straggle-workload", target.get("seed", 0), tp, batch, ctx, tkg, digest)
     mode = req.get("mode", "static")
     if mode == "continuous":
         arrival = rq.get("arrival_s")
@@ -262,8 +296,8 @@ def op_run_workload(req):
                 isinstance(a, bool) or not isinstance(a, (int, float)) or not a >= 0 for a in arrival):
             raise ToyError("continuous mode needs requests.arrival_s: one number >= 0 per request")
         sched = req.get("scheduler") or {}
-        ttft, e2e, total = serve(lin, lout, arrival, batch, lambda l: pre[select(l, ctx, policy)],
-                                 lambda c, live: dec[select(c, tkg, policy)] + HOST_ROW_S * live,
+        ttft, e2e, total = serve(lin, lout, arrival, batch, lambda l: host.calls([pre[select(l, ctx, policy)]], slow),
+                                 lambda c, live: host.calls([dec[select(c, tkg, policy)] + HOST_ROW_S * live], slow),
                                  rng.lognormvariate(0.0, NOISE), sched.get("max_prefills", 0),
                                  sched.get("prefill_priority", "prefill") == "prefill")
         return {"protocol": PROTOCOL, "ttft_s": ttft, "e2e_s": e2e, "total_s": total,
@@ -276,16 +310,16 @@ def op_run_workload(req):
     for s in range(0, n, batch):
         idx = list(range(s, min(s + batch, n)))
         f = rng.lognormvariate(0.0, NOISE)
-        t = HOST_CALL_S * f
+        t = host.launch(HOST_CALL_S) * f
         for i in idx:  # prompts one by one: a request's first token lands when its own prefill ends
-            t += pre[select(lin[i], ctx, policy)] * f
+            t += host.calls([pre[select(lin[i], ctx, policy)]], slow) * f
             ttft[i] = t
         steps = max(lout[i] for i in idx) - 1
         done_at = {}  # decode step k -> batch clock after it
         for k in range(1, steps + 1):
             active = [i for i in idx if lout[i] - 1 >= k]
             longest = max(lin[i] + k for i in active)
-            t += (dec[select(longest, tkg, policy)] + HOST_ROW_S * len(active)) * f
+            t += host.calls([dec[select(longest, tkg, policy)] + HOST_ROW_S * len(active)], slow) * f
             done_at[k] = t
         for i in idx:
             e2e[i] = done_at[lout[i] - 1] if lout[i] > 1 else ttft[i]
@@ -384,7 +418,8 @@ def _batch_of(req):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=MODES, default="ok", help="misbehave on purpose (for tests)")
+    ap.add_argument("--mode", choices=MODES, default=os.environ.get("TOY_NPU_MODE", "ok"),
+                    help="misbehave on purpose (for tests; default: $TOY_NPU_MODE, else ok)")
     ap.add_argument("--fail-on", choices=OPS + ("any",), default="any", help="the operation --mode applies to")
     ap.add_argument("--sleep", type=float, default=60.0, help="seconds --mode slow waits before answering")
     ap.add_argument("--label", default="", help="text appended to the device description")
@@ -393,7 +428,16 @@ def main(argv=None):
     ap.add_argument("--only-batch", type=int, help="misbehave only for units/candidates of this batch size")
     ap.add_argument("--fail-times", type=int, help="misbehave only on the first N calls (needs --count-file)")
     ap.add_argument("--count-file", help="file counting the calls --mode applied to (one byte per call)")
+    ap.add_argument("--after", type=int, help="misbehave only after the first N calls (needs --count-file)")
+    ap.add_argument("--straggler-every", type=float, default=50.0,
+                    help="--mode straggler: one graph call in N straggles, on average (default 50)")
+    ap.add_argument("--straggler-factor", type=float, default=4.0,
+                    help="--mode straggler: how many times its time a straggling call takes (default 4)")
+    ap.add_argument("--drift", type=float, default=float(os.environ.get("TOY_NPU_DRIFT", "1.15")),
+                    help="--mode drift: how many times slower every call is (default: $TOY_NPU_DRIFT, else 1.15)")
     args = ap.parse_args(argv)
+    if args.mode not in MODES:
+        ap.error("TOY_NPU_MODE=%r is not one of %s" % (args.mode, ", ".join(MODES)))
 
     try:
         req = json.load(sys.stdin)
@@ -405,12 +449,15 @@ def main(argv=None):
     mode = args.mode if args.fail_on in ("any", op) else "ok"
     if args.only_batch is not None and _batch_of(req) != args.only_batch:
         mode = "ok"
-    if mode != "ok" and args.fail_times is not None and args.count_file:
+    if mode != "ok" and (args.fail_times is not None or args.after is not None) and args.count_file:
         with open(args.count_file, "ab") as fh:  # O_APPEND: concurrent callers each add one byte
             fh.write(b".")
         with open(args.count_file, "rb") as fh:
-            if len(fh.read()) > args.fail_times:
-                mode = "ok"
+            calls = len(fh.read())
+        if args.fail_times is not None and calls > args.fail_times:
+            mode = "ok"
+        if args.after is not None and calls <= args.after:
+            mode = "ok"
     print("toy-npu: %s (mode %s)" % (op, mode), file=sys.stderr)
 
     if mode == "slow":
@@ -431,12 +478,13 @@ def main(argv=None):
         if not isinstance(req, dict) or req.get("protocol") != PROTOCOL:
             raise ToyError("toy-npu speaks protocol %d, the request has %r"
                            % (PROTOCOL, req.get("protocol") if isinstance(req, dict) else None))
+        host = Host(mode, args.straggler_every, args.straggler_factor, args.drift)
         if op == "describe":
             reply = op_describe(req, args.label, args.modes.split(","))
         elif op == "profile":
-            reply = op_profile(req)
+            reply = op_profile(req, host)
         elif op == "run_workload":
-            reply = op_run_workload(req)
+            reply = op_run_workload(req, host)
         else:
             raise ToyError("unknown op %r: toy-npu knows %s" % (op, ", ".join(OPS)))
     except ToyError as exc:
