@@ -22,6 +22,7 @@ Then the batch decodes:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -49,6 +50,9 @@ class UnitTable:
     sources: tuple[str, ...] = ()
     #: how the profiles' TTFT_b was measured and how prompts are composed (``Target.prefill``)
     prefill: str = PREFILLS[0]
+    #: the +- of each value (one standard error from the profile's repeats; zeros when unknown)
+    ttft_err_s: np.ndarray | None = None
+    tbt_err_s: np.ndarray | None = None
 
     @classmethod
     def build(
@@ -78,7 +82,16 @@ class UnitTable:
             tkg_hi=hi,
             sources=tuple(sorted({p.source for p in used})),
             prefill=prefill,
+            ttft_err_s=np.asarray([profiles[b].ttft_err_s for b in ctx], dtype=np.float64),
+            tbt_err_s=np.asarray([profiles[b].tbt_err_s for b in tkg], dtype=np.float64),
         )
+
+    def shifted(self, sigmas: float) -> "UnitTable":
+        """The table with every value moved by ``sigmas`` of its +- (all buckets together), floored at 0."""
+        z = lambda a, n: np.zeros(n) if a is None else a  # noqa: E731
+        return dataclasses.replace(
+            self, ttft_s=np.maximum(self.ttft_s + sigmas * z(self.ttft_err_s, len(self.ttft_s)), 0.0),
+            tbt_s=np.maximum(self.tbt_s + sigmas * z(self.tbt_err_s, len(self.tbt_s)), 0.0))
 
     def cum(self, x: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
         """Sum of ``values`` (default TBT_b) over the integer contexts 1..x, elementwise."""
@@ -99,6 +112,9 @@ class Prediction:
     prefill_padding: float
     decode_padding: float
     mode: str
+    #: the same workload predicted from the profiles at -1 and +1 standard error (see ``predict``)
+    low: "Prediction | None" = None
+    high: "Prediction | None" = None
 
     @property
     def total_s(self) -> float:
@@ -130,8 +146,22 @@ def check_fit(req: Requests, table: UnitTable) -> None:
         )
 
 
-def predict(table: UnitTable, requests: Requests, *, mode: str = "static") -> Prediction:
-    """Predict every request of ``requests`` run in order, in batches of ``table.batch``."""
+def predict(table: UnitTable, requests: Requests, *, mode: str = "static", interval: bool = False) -> Prediction:
+    """Predict every request of ``requests`` run in order, in batches of ``table.batch``.
+
+    ``interval``: also predict it from the profiles one standard error below and above
+    (``Prediction.low``/``high``). Every bucket moves together, so the band is that of an
+    error shared by the buckets -- a host slower or faster than it measured -- and it is
+    wider than independent per-bucket errors would give: a cautious interval.
+    """
+    pred = _predict(table, requests, mode=mode)
+    if not interval:
+        return pred
+    return dataclasses.replace(pred, low=_predict(table.shifted(-1.0), requests, mode=mode),
+                               high=_predict(table.shifted(1.0), requests, mode=mode))
+
+
+def _predict(table: UnitTable, requests: Requests, *, mode: str) -> Prediction:
     if mode not in BATCHING:
         raise UserError(f"batching mode {mode!r} is unknown: use one of {', '.join(BATCHING)}")
     n = len(requests)

@@ -20,13 +20,16 @@ the bottom of the bucket and L2 is limited by the bucket's width.
 """
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .errors import RunnerError, UserError
+from .noise import DRAWS, ESTIMATOR, bootstrap_times, expected_times, spread
 from .types import PREFILLS, BucketProfile, Probe, ProbeRun
 
 
@@ -114,69 +117,129 @@ def prefill_calls(batch: int, prefill: str) -> int:
     return batch if prefill == "sequential" else 1
 
 
-def _solve_pair(bucket: int, r1: ProbeRun, r2: ProbeRun, calls: int) -> tuple[float, float]:
-    l1, l2 = r1.probe.output_len, r2.probe.output_len
-    t1, t2 = r1.median_s, r2.median_s
+def derive(t1, t2, *, l1: int, l2: int, calls: int):
+    """TTFT_b and TBT_b from the (expected) times of a bucket's two probes; numbers or arrays alike.
+
+    The one place the machine's cost model is inverted: the slope is the decode step, the
+    intercept the ``calls`` prefill calls of the batch's prompts (``prefill_calls``).
+    """
     tbt = (t2 - t1) / (l2 - l1)
-    if not tbt > 0:
-        raise RunnerError(
-            f"bucket {bucket}: the longer run was not slower (T1={t1:.6f}s at L={l1}, "
-            f"T2={t2:.6f}s at L={l2}); the measurement is too noisy to solve"
-        )
     ttft = (t1 - (l1 - 1) * tbt) / calls
-    if not ttft > 0:
-        raise RunnerError(f"bucket {bucket}: solved TTFT {ttft:.6f}s is not positive; remeasure")
     return ttft, tbt
 
 
-def assess(r1: ProbeRun, r2: ProbeRun, *, batch: int, max_spread: float,
-           prefill: str = PREFILLS[0]) -> tuple[str, str] | None:
-    """None when a bucket's two runs give a trustworthy profile, else ``(kind, reason)``.
+@dataclass(frozen=True)
+class BucketFit:
+    """What a bucket's two probes say: expected times, derived values and their spreads (1 sigma)."""
+
+    bucket: int
+    r1: ProbeRun
+    r2: ProbeRun
+    t1_s: float
+    t2_s: float
+    ttft_s: float
+    tbt_s: float
+    ttft_err_s: float
+    tbt_err_s: float
+    #: the unit's expected slow-down over the robust centre, counted in t1_s and t2_s
+    excess: float
+    #: the spreads of the expected times themselves
+    t1_err_s: float = 0.0
+    t2_err_s: float = 0.0
+
+    @property
+    def ttft_rel(self) -> float:
+        return self.ttft_err_s / self.ttft_s if self.ttft_s > 0 else math.inf
+
+    @property
+    def tbt_rel(self) -> float:
+        return self.tbt_err_s / self.tbt_s if self.tbt_s > 0 else math.inf
+
+    def impossible(self) -> str | None:
+        """Why no positive TTFT_b and TBT_b come out of these runs, or None."""
+        l1, l2 = self.r1.probe.output_len, self.r2.probe.output_len
+        if not self.tbt_s > 0:
+            return (f"bucket {self.bucket}: the longer run was not slower (T1={self.t1_s:.6f}s at L={l1}, "
+                    f"T2={self.t2_s:.6f}s at L={l2}); the measurement is too noisy to solve")
+        if not self.ttft_s > 0:
+            return f"bucket {self.bucket}: solved TTFT {self.ttft_s:.6f}s is not positive; remeasure"
+        return None
+
+
+def fit(runs: Sequence[ProbeRun], *, batch: int, prefill: str = PREFILLS[0], estimator: str = ESTIMATOR,
+        draws: int = DRAWS) -> dict[int, BucketFit]:
+    """Expected times (one estimator over all of the unit's runs), TTFT_b, TBT_b and their spreads.
+
+    The spreads come from a bootstrap over the repeats of every probe (seeded: the same runs
+    give the same spreads), through the very estimator and solve that give the values.
+    ``prefill``: the target's (how many prefill calls a probe makes).
+    """
+    calls = prefill_calls(batch, prefill)
+    pairs = pair_runs(runs)
+    flat = [r for pair in pairs.values() for r in pair]
+    times = [r.times_s for r in flat]
+    classes = [r.probe.output_len for r in flat]  # probes of one output length make as many graph calls
+    point, rho = expected_times(times, classes=classes, estimator=estimator)
+    boot = bootstrap_times(times, classes=classes, estimator=estimator, draws=draws)
+    out = {}
+    for i, (bucket, (r1, r2)) in enumerate(pairs.items()):
+        kw = dict(l1=r1.probe.output_len, l2=r2.probe.output_len, calls=calls)
+        ttft, tbt = derive(point[2 * i], point[2 * i + 1], **kw)
+        bt, bb = derive(boot[:, 2 * i], boot[:, 2 * i + 1], **kw)
+        out[bucket] = BucketFit(bucket=bucket, r1=r1, r2=r2, t1_s=float(point[2 * i]), t2_s=float(point[2 * i + 1]),
+                                ttft_s=float(ttft), tbt_s=float(tbt), ttft_err_s=float(spread(bt)),
+                                tbt_err_s=float(spread(bb)), excess=rho, t1_err_s=float(spread(boot[:, 2 * i])),
+                                t2_err_s=float(spread(boot[:, 2 * i + 1])))
+    return out
+
+
+def assess(f: BucketFit, *, max_spread: float) -> tuple[str, str] | None:
+    """None when a bucket's fit is trustworthy, else ``(kind, reason)``.
 
     ``kind`` is ``"impossible"`` (no positive TBT_b and TTFT_b can be solved: T2 <= T1, or
-    the intercept is not positive) or ``"noisy"`` (solvable, but a probe's repeats spread
-    more than ``max_spread`` of their median).
+    the intercept is not positive) or ``"noisy"`` (solvable, but the derived TTFT_b or
+    TBT_b spreads more than ``max_spread`` of its value).
     """
-    try:
-        _solve_pair(r1.probe.bucket, r1, r2, prefill_calls(batch, prefill))
-    except RunnerError as exc:
-        return "impossible", str(exc)
-    spread = max(r1.spread, r2.spread)
-    if spread > max_spread:
-        return "noisy", (f"bucket {r1.probe.bucket}: repeats spread {spread:.0%} of their median "
-                         f"(more than profile.max_spread = {max_spread:.0%})")
+    why = f.impossible()
+    if why:
+        return "impossible", why
+    worst = max(f.ttft_rel, f.tbt_rel)
+    if worst > max_spread:
+        which = "TTFT_b" if f.ttft_rel >= f.tbt_rel else "TBT_b"
+        return "noisy", (f"bucket {f.bucket}: derived TTFT_b +-{f.ttft_rel:.1%}, TBT_b +-{f.tbt_rel:.1%} "
+                         f"({which} spreads more than profile.max_spread = {max_spread:.1%})")
     return None
+
+
+def to_profile(f: BucketFit, *, accepted: bool, runner: str = "", host: str = "", simulated: bool = False,
+               measured_at: float | None = None) -> BucketProfile:
+    """The BucketProfile of a solvable fit (``RunnerError`` when it is not)."""
+    why = f.impossible()
+    if why:
+        raise RunnerError(why)
+    return BucketProfile(
+        bucket=f.bucket, ttft_s=f.ttft_s, tbt_s=f.tbt_s, input_len=f.r1.probe.input_len,
+        l1=f.r1.probe.output_len, l2=f.r2.probe.output_len, t1_s=f.t1_s, t2_s=f.t2_s,
+        repeats=min(len(f.r1.times_s), len(f.r2.times_s)), spread=max(f.r1.spread, f.r2.spread),
+        runner=runner, host=host, measured_at=time.time() if measured_at is None else measured_at,
+        simulated=simulated, raw_t1=tuple(f.r1.times_s), raw_t2=tuple(f.r2.times_s),
+        source="simulated" if simulated else "measured",
+        ttft_err_s=f.ttft_err_s, tbt_err_s=f.tbt_err_s, excess=f.excess, accepted=accepted,
+    )
 
 
 def solve(
     runs: Sequence[ProbeRun], *, batch: int, prefill: str = PREFILLS[0], runner: str = "", host: str = "",
-    simulated: bool = False,
+    simulated: bool = False, max_spread: float | None = None, estimator: str = ESTIMATOR,
 ) -> dict[int, BucketProfile]:
-    """TTFT_b and TBT_b per bucket from the medians of two probes each (``prefill``: the target's)."""
-    calls = prefill_calls(batch, prefill)
+    """TTFT_b and TBT_b per bucket, with their spreads, from two probes each (``prefill``: the target's).
+
+    ``RunnerError`` when a bucket cannot be solved. A profile is ``accepted`` when its
+    derived spreads are within ``max_spread`` (always, when None).
+    """
     now = time.time()
-    out: dict[int, BucketProfile] = {}
-    for bucket, (r1, r2) in pair_runs(runs).items():
-        l1, l2 = r1.probe.output_len, r2.probe.output_len
-        t1, t2 = r1.median_s, r2.median_s
-        ttft, tbt = _solve_pair(bucket, r1, r2, calls)
-        out[bucket] = BucketProfile(
-            bucket=bucket,
-            ttft_s=float(ttft),
-            tbt_s=float(tbt),
-            input_len=r1.probe.input_len,
-            l1=l1,
-            l2=l2,
-            t1_s=t1,
-            t2_s=t2,
-            repeats=len(r1.times_s),
-            spread=max(r1.spread, r2.spread),
-            runner=runner,
-            host=host,
-            measured_at=now,
-            simulated=simulated,
-            raw_t1=tuple(r1.times_s),
-            raw_t2=tuple(r2.times_s),
-            source="simulated" if simulated else "measured",
-        )
+    out = {}
+    for bucket, f in fit(runs, batch=batch, prefill=prefill, estimator=estimator).items():
+        ok = max_spread is None or assess(f, max_spread=max_spread) is None
+        out[bucket] = to_profile(f, accepted=ok, runner=runner, host=host, simulated=simulated, measured_at=now)
     return out

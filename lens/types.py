@@ -206,6 +206,19 @@ class BucketProfile:
     raw_t2: tuple[float, ...] = ()
     #: "measured" (hardware), "simulated" (a sim runner) or "estimate:<model>" (never measured)
     source: str = "measured"
+    #: the +- of TTFT_b and TBT_b (one standard error, from a bootstrap over the repeats; 0: unknown)
+    ttft_err_s: float = 0.0
+    tbt_err_s: float = 0.0
+    #: the unit's expected slow-down from slow calls (stragglers), counted in ttft_s and tbt_s
+    excess: float = 0.0
+    #: False when the derived spreads stayed over profile.max_spread after every attempt
+    accepted: bool = True
+
+    @property
+    def rel_err(self) -> float:
+        """The larger relative +- of TTFT_b and TBT_b."""
+        return max(self.ttft_err_s / self.ttft_s if self.ttft_s > 0 else 0.0,
+                   self.tbt_err_s / self.tbt_s if self.tbt_s > 0 else 0.0)
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from lens.errors import CacheError, UserError
 
+from .migrate import fill_added
 from .rows import BadValue, checked_profile_row, checked_unit_row
 from .schema import PROFILE_COLUMNS, PROFILE_KEY, SQLITE_MAGIC, UNIT_COLUMNS
 from .storage import ProfileCache
@@ -45,6 +46,21 @@ def _salvage_rows(con: sqlite3.Connection, table: str, columns: Sequence[str], u
     return out, bad
 
 
+def _columns(con: sqlite3.Connection, table: str) -> list[str]:
+    try:
+        return [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
+    except sqlite3.DatabaseError:
+        return []
+
+
+def _filled(row: dict) -> tuple:
+    try:
+        row = {**fill_added(row), **row}
+    except (KeyError, TypeError, ValueError):
+        pass  # a row the checks refuse anyway
+    return tuple(row.get(c) for c in PROFILE_COLUMNS)
+
+
 def recover(src: str | os.PathLike, dst: str | os.PathLike | None = None) -> dict[str, Any]:
     """Copy every readable, valid profile of a damaged cache ``src`` into a new cache ``dst``.
 
@@ -73,7 +89,10 @@ def recover(src: str | os.PathLike, dst: str | os.PathLike | None = None) -> dic
     units: list[tuple] = []
     bad = skipped = 0
     try:
-        for table, columns, sink in (("profiles", PROFILE_COLUMNS, profiles), ("units", UNIT_COLUMNS, units)):
+        # a damaged cache of an older schema lacks the columns later ones added: read what it
+        # has, and fill the rest as its migration would
+        have = [c for c in PROFILE_COLUMNS if c in _columns(con, "profiles")] or list(PROFILE_COLUMNS)
+        for table, columns, sink in (("profiles", have, profiles), ("units", UNIT_COLUMNS, units)):
             try:
                 upper = int(con.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 0)
             except sqlite3.DatabaseError:
@@ -85,6 +104,8 @@ def recover(src: str | os.PathLike, dst: str | os.PathLike | None = None) -> dic
         raise CacheError(f"{src}: nothing can be read from it ({exc}); move it away and start a fresh cache") from None
     finally:
         con.close()
+    if len(have) < len(PROFILE_COLUMNS):
+        profiles = [_filled(dict(zip(have, r))) for r in profiles]
     good: dict[tuple, tuple] = {}
     for row in profiles:
         try:

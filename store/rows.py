@@ -16,7 +16,7 @@ import pandas as pd
 
 from lens.types import BucketProfile
 
-from .schema import FLOAT_COLUMNS, INT_COLUMNS, PROFILE_COLUMNS, UNIT_COLUMNS
+from .schema import BOOL_COLUMNS, FLOAT_COLUMNS, INT_COLUMNS, PROFILE_COLUMNS, UNIT_COLUMNS
 
 
 class BadValue(Exception):
@@ -65,6 +65,22 @@ def as_seconds(v: Any, *, text: bool) -> float:
         raise BadValue(f"{out} is not finite")
     if out < 0:
         raise BadValue(f"{out} is negative; times and spreads are >= 0")
+    return out
+
+
+def as_ratio(v: Any, *, text: bool) -> float:
+    """A finite share above -1 (an expected slow-down; the mean of a probe's runs can sit below their median)."""
+    if text:
+        try:
+            out = float(v)
+        except ValueError:
+            raise BadValue(f"{v!r} is not a number") from None
+    else:
+        if v is None or isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise BadValue(f"{v!r} is not a number")
+        out = float(v)
+    if not math.isfinite(out) or out <= -1:
+        raise BadValue(f"{out} is not a share above -1")
     return out
 
 
@@ -143,6 +159,8 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "measured_at": f,
         "simulated": lambda v: _bool(v, text=text),
         "source": _source,
+        "ttft_err_s": f, "tbt_err_s": f, "excess": lambda v: as_ratio(v, text=text),
+        "accepted": lambda v: _bool(v, text=text),
     }
 
 
@@ -176,6 +194,7 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "t1_s": p.t1_s, "t2_s": p.t2_s, "raw_t1": p.raw_t1, "raw_t2": p.raw_t2,
         "repeats": p.repeats, "spread": p.spread, "runner": p.runner, "host": p.host,
         "measured_at": p.measured_at, "simulated": p.simulated, "source": p.source,
+        "ttft_err_s": p.ttft_err_s, "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -198,11 +217,13 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         raw_t1=tuple(float(x) for x in json.loads(r["raw_t1"])),
         raw_t2=tuple(float(x) for x in json.loads(r["raw_t2"])),
         source=r["source"],
+        ttft_err_s=float(r["ttft_err_s"]), tbt_err_s=float(r["tbt_err_s"]), excess=float(r["excess"]),
+        accepted=bool(r["accepted"]),
     )
 
 
 def empty_profiles_frame() -> pd.DataFrame:
     """A frame of no profiles with the columns and dtypes of ``ProfileCache.frame()``."""
-    dtypes = {c: ("int64" if c in INT_COLUMNS or c == "simulated" else "float64" if c in FLOAT_COLUMNS else "object")
+    dtypes = {c: ("int64" if c in INT_COLUMNS or c in BOOL_COLUMNS else "float64" if c in FLOAT_COLUMNS else "object")
               for c in PROFILE_COLUMNS}
     return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in dtypes.items()})

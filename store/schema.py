@@ -10,16 +10,21 @@ A file of an older schema is brought to :data:`SCHEMA_VERSION` on open by the st
 
 - schema 2: the ``failures`` table (units whose profiling failed in a way that would
   repeat: out of device memory, a runner's refusal).
+- schema 3: each profile's derived spreads (``ttft_err_s``, ``tbt_err_s``: one standard
+  error bootstrapped over its repeats), the unit's expected slow-down counted in it
+  (``excess``) and whether it was ``accepted``; older profiles get their spreads from the
+  raw repeats they kept (``store.migrate``).
 """
 from __future__ import annotations
 
 import sqlite3
 import time
+from typing import Callable
 
 #: "LENS" in ASCII: marks an SQLite file as a lensopt profile cache
 APPLICATION_ID = 0x4C454E53
 #: the schema this code reads and writes (``PRAGMA user_version``)
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: the first 16 bytes of every SQLite database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -34,14 +39,18 @@ UNIT_COLUMNS = (
 PROFILE_COLUMNS = (
     "fingerprint", "tp", "batch", "bucket", "ttft_s", "tbt_s", "input_len", "l1", "l2",
     "t1_s", "t2_s", "raw_t1", "raw_t2", "repeats", "spread", "runner", "host",
-    "measured_at", "simulated", "source",
+    "measured_at", "simulated", "source", "ttft_err_s", "tbt_err_s", "excess", "accepted",
 )
+#: the columns each schema version added at the end of ``profiles`` (its migration adds them)
+ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted")}
 #: the primary key of a profile: the first columns of :data:`PROFILE_COLUMNS`
 PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
 #: integer and real columns of ``profiles``; ``simulated`` is 0/1, the rest text
 #: (``raw_t1``/``raw_t2`` are JSON lists of seconds)
 INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats")
-FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at")
+FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at", "ttft_err_s", "tbt_err_s", "excess")
+#: 0/1 columns
+BOOL_COLUMNS = ("simulated", "accepted")
 CLAIM_COLUMNS = ("fingerprint", "tp", "batch", "buckets", "owner", "claimed_at", "expires_at")
 #: a unit whose profiling failed for good: why (``kind``: the error's class name), where and when
 FAILURE_COLUMNS = ("fingerprint", "tp", "batch", "reason", "kind", "host", "failed_at")
@@ -85,6 +94,10 @@ CREATE TABLE profiles (
     measured_at REAL    NOT NULL,
     simulated   INTEGER NOT NULL,
     source      TEXT    NOT NULL,
+    ttft_err_s  REAL    NOT NULL DEFAULT 0,
+    tbt_err_s   REAL    NOT NULL DEFAULT 0,
+    excess      REAL    NOT NULL DEFAULT 0,
+    accepted    INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (fingerprint, tp, batch, bucket)
 );
 """
@@ -102,9 +115,23 @@ CREATE TABLE failures (
 """
 #: table -> columns that every cache of :data:`SCHEMA_VERSION` has
 TABLES = {"meta": ("key", "value"), "units": UNIT_COLUMNS, "profiles": PROFILE_COLUMNS, "failures": FAILURE_COLUMNS}
-#: version v -> the statements that bring a cache of version v - 1 to v (each step keeps every row)
-MIGRATIONS: dict[int, tuple[str, ...]] = {
+
+
+def _spreads_from_raw(con: sqlite3.Connection) -> None:
+    from .migrate import spreads_from_raw  # it bootstraps with lens: loaded only when a cache needs it
+
+    spreads_from_raw(con)
+
+
+#: version v -> the steps (SQL statements, or functions of the connection) that bring a cache of
+#: version v - 1 to v; each step keeps every row
+MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = {
     2: (FAILURES_SQL,),
+    3: ("ALTER TABLE profiles ADD COLUMN ttft_err_s REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE profiles ADD COLUMN tbt_err_s REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE profiles ADD COLUMN excess REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE profiles ADD COLUMN accepted INTEGER NOT NULL DEFAULT 1",
+        _spreads_from_raw),
 }
 #: the oldest schema a cache may have and still be opened (brought up to date)
 OLDEST_VERSION = 1
@@ -167,8 +194,8 @@ def migrate(con: sqlite3.Connection) -> int:
     try:
         was = int(con.execute("PRAGMA user_version").fetchone()[0])
         for v in range(was + 1, SCHEMA_VERSION + 1):
-            for stmt in MIGRATIONS[v]:
-                con.execute(stmt)
+            for step in MIGRATIONS[v]:
+                step(con) if callable(step) else con.execute(step)
         if was < SCHEMA_VERSION:
             con.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
             con.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",

@@ -16,7 +16,8 @@ import pandas as pd
 from lens.errors import UserError
 
 from .rows import CHECK_TEXT, CHECK_VALUES, BadValue
-from .schema import FLOAT_COLUMNS, INT_COLUMNS, PROFILE_COLUMNS, PROFILE_KEY
+from .migrate import fill_added
+from .schema import ADDED_PROFILE_COLUMNS, BOOL_COLUMNS, FLOAT_COLUMNS, INT_COLUMNS, PROFILE_COLUMNS, PROFILE_KEY
 
 #: file extensions ``export``/``import_file`` understand
 EXPORT_FORMATS = (".csv", ".parquet")
@@ -58,7 +59,7 @@ def write_profiles(df: pd.DataFrame, path: Path) -> None:
             df.to_csv(tmp, index=False)
         else:
             pa, pq = _pyarrow(path)
-            types = {c: (pa.int64() if c in INT_COLUMNS or c == "simulated"
+            types = {c: (pa.int64() if c in INT_COLUMNS or c in BOOL_COLUMNS
                          else pa.float64() if c in FLOAT_COLUMNS else pa.string())
                      for c in PROFILE_COLUMNS}
             schema = pa.schema([(c, types[c]) for c in PROFILE_COLUMNS])
@@ -83,6 +84,12 @@ def read_profiles(path: Path) -> list[tuple]:
     else:
         columns, data, check = _read_parquet(path)
     missing = [c for c in PROFILE_COLUMNS if c not in columns]
+    # a file exported by an older lensopt lacks the columns later schemas added: they are
+    # filled in as the cache's migration fills them
+    later = [c for cols in ADDED_PROFILE_COLUMNS.values() for c in cols]
+    legacy = [c for c in missing if c in later]
+    if legacy and len(legacy) == len(missing):
+        missing = []
     extra = [c for c in columns if c not in PROFILE_COLUMNS]
     dup = sorted({c for c in columns if columns.count(c) > 1})
     if missing or extra or dup:
@@ -101,12 +108,17 @@ def read_profiles(path: Path) -> list[tuple]:
     rows: list[tuple] = []
     seen: dict[tuple, int] = {}
     for i in range(n):
-        row = []
+        got = {}
         for col in PROFILE_COLUMNS:
+            if col in legacy:
+                continue
             try:
-                row.append(check[col](data[col][i]))
+                got[col] = check[col](data[col][i])
             except BadValue as exc:
                 raise UserError(f"{path}: data row {i + 1}, column {col!r}: {exc}") from None
+        if legacy:
+            got.update({c: CHECK_VALUES[c](v) for c, v in fill_added(got).items() if c in legacy})
+        row = [got[c] for c in PROFILE_COLUMNS]
         key = tuple(row[:len(PROFILE_KEY)])
         if key in seen:
             raise UserError(
@@ -152,7 +164,7 @@ def _read_parquet(path: Path) -> tuple[list[str], dict[str, list], dict[str, Cal
         elif col in FLOAT_COLUMNS:
             ok = pa.types.is_floating(t) or pa.types.is_integer(t)
             want = "a numeric type"
-        elif col == "simulated":
+        elif col in BOOL_COLUMNS:
             ok = pa.types.is_boolean(t) or pa.types.is_integer(t)
             want = "boolean or integer"
         else:

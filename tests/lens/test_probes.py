@@ -53,11 +53,17 @@ def test_solve_recovers_ttft_and_tbt():
         t = batch * ttft + (p.output_len - 1) * tbt
         runs.append(ProbeRun(p, (t * 0.99, t, t * 1.02)))
     out = solve(runs, batch=batch)
+    # every run is the true cost times 0.99, 1 or 1.02: the expected cost is its mean, 1.0033x
+    mean = (0.99 + 1 + 1.02) / 3
     for b in (64, 128):
-        assert out[b].ttft_s == pytest.approx(ttft, rel=1e-9)
-        assert out[b].tbt_s == pytest.approx(tbt, rel=1e-9)
+        assert out[b].ttft_s == pytest.approx(ttft * mean, rel=1e-9)
+        assert out[b].tbt_s == pytest.approx(tbt * mean, rel=1e-9)
+        assert out[b].excess == pytest.approx(mean - 1)
         assert out[b].repeats == 3
         assert out[b].spread == pytest.approx(0.03)
+        # the +- comes from the repeats: small here, and zero only when they agree
+        assert 0 < out[b].ttft_err_s < 0.02 * ttft and 0 < out[b].tbt_err_s < 0.05 * tbt
+        assert out[b].accepted
 
 
 def test_solve_refuses_non_increasing_times():
@@ -80,3 +86,20 @@ def test_solve_batched_prefill_keeps_the_one_call():
         assert sequential[b].ttft_s == pytest.approx(call / batch, rel=1e-9)  # the same runs, read as B prefills
     with pytest.raises(UserError, match="prefill"):
         solve(runs, batch=batch, prefill="chunked")
+
+
+def test_solve_marks_a_bucket_whose_derived_values_spread_as_not_accepted():
+    """The straggler case: 32 prefills of bucket 4096 (0.34 s each) then decode steps of 44 ms, L2 = 128."""
+    batch = 32
+    probes = plan_probes((2048, 4096), policy="exclusive", max_output=128, repeats=3)
+    runs = []
+    for p in probes:
+        t = batch * 0.34 + (p.output_len - 1) * 0.044
+        # a straggling prefill (4x) lifts two of the three short runs of bucket 4096 by 3 x 0.34 s: 9% of T1, 4% of
+        # the raw spread rule's 50%; but T2 - T1 is half of T1, so the slope moves by 18%
+        slow = p.bucket == 4096 and p.output_len == 2
+        runs.append(ProbeRun(p, (t + 1.02, t * 1.001 + 1.02, t * 0.999) if slow else (t, t * 1.001, t * 0.999)))
+    out = solve(runs, batch=batch, max_spread=0.05)
+    assert max(r.spread for r in runs) < 0.5  # the raw-spread rule (0.5) would have accepted it
+    assert out[2048].accepted and not out[4096].accepted
+    assert out[4096].tbt_err_s / out[4096].tbt_s > 0.05

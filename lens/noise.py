@@ -1,0 +1,141 @@
+"""Noise of repeated probe runs: the expected time of each probe, and the spread of what is derived from it.
+
+A probe is run ``repeats`` times on a deterministic workload, so its runs differ only by
+the host: run-to-run jitter of about a percent, and slow-downs that only ever add time
+(a straggling graph call, a garbage-collection pause, another process taking a core).
+What a prediction needs is the *expected* cost of a prefill and of a decode step, slow
+calls included: a long request pays for its share of them. What makes a profile wrong is
+not the noise of T1 and T2 themselves but that of the difference T2 - T1, which the
+slope divides by (L2 - L1): 8% on T1 can be 50% on TBT_b.
+
+The estimators below turn the repeats of every probe of one unit into one expected time
+per probe. They work on arrays of shape (draws, repeats) so that the bootstrap of
+``derived_spread`` evaluates thousands of resamples at once.
+
+Which one lensopt uses (``ESTIMATOR``) was chosen on measured data by
+``benchmarks/estimators.py`` (docs/noise.md has its tables): pools of 30 interleaved
+repeats of every probe, resampled at 3 and 5 repeats, on (a) the simulated fleet with 1
+straggling call in 50 taking 4x, (b) the command example's straggler mode, and (c) the
+jax runner on this CPU under a competing busy process; each estimator's derived TTFT_b /
+TBT_b were compared with those of the pool means (the expected cost). See ``ESTIMATOR``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+#: one estimator: per-probe arrays (draws, repeats) and each probe's class (probes of one class make
+#: as many graph calls) -> (expected times (draws, probes), excess (draws,))
+Estimator = Callable[[Sequence[np.ndarray], Sequence[int]], tuple[np.ndarray, np.ndarray]]
+
+
+def _per_probe(f: Callable[[np.ndarray], np.ndarray]) -> Estimator:
+    def est(xs: Sequence[np.ndarray], classes: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        out = np.stack([f(x) for x in xs], axis=1)
+        return out, np.zeros(out.shape[0])
+
+    return est
+
+
+def _trimmed(x: np.ndarray) -> np.ndarray:
+    """Mean after dropping the ceil(20%) largest and smallest repeats (3 repeats: the median)."""
+    r = x.shape[1]
+    k = math.ceil(0.2 * r) if r >= 3 else 0
+    return np.sort(x, axis=1)[:, k:r - k].mean(axis=1)
+
+
+def _pooled_excess(center: Callable[[np.ndarray], np.ndarray]) -> Estimator:
+    """A robust centre per probe, plus the unit's expected slow-down over it, pooled over every run.
+
+    The slow-downs a host adds (stragglers, a busy core) are a share of the time spent,
+    the same for every probe of a unit; pooling all of a unit's runs estimates that share
+    from dozens of runs instead of the few repeats of one probe, and adding it back counts
+    the expected cost of slow calls in TTFT_b and TBT_b instead of hiding it.
+    """
+    def est(xs: Sequence[np.ndarray], classes: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        c = np.stack([center(x) for x in xs], axis=1)  # (draws, probes)
+        over = sum((x - c[:, [i]]).sum(axis=1) for i, x in enumerate(xs))
+        base = sum(c[:, i] * x.shape[1] for i, x in enumerate(xs))
+        rho = np.maximum(over / base, 0.0)
+        return c * (1.0 + rho[:, None]), rho
+
+    return est
+
+
+def _class_excess(center: Callable[[np.ndarray], np.ndarray]) -> Estimator:
+  def est(xs: Sequence[np.ndarray], classes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The median of each probe, plus the expected slow-down beyond it, pooled over the probes of its class.
+
+    A probe's runs share their graph calls' count with the other probes of the same output
+    length (one class): ``batch`` prefills and L - 1 decode steps, whatever the bucket. A
+    slow call -- a straggler, a busy core -- adds about the same share of a run's time to
+    each of them, and is as likely to lift its median, so the excess of the mean over the
+    median is one number per class. Estimated from every run of the class (a dozen or more
+    instead of a probe's three), it counts the expected cost of slow calls -- the mean's
+    value -- without the mean's noise: a straggler in one of three short runs moves the
+    class's excess a little, not the probe's time by a third of it.
+    """
+    med = np.stack([center(x) for x in xs], axis=1)  # (draws, probes)
+    out = np.empty_like(med)
+    total_over = np.zeros(med.shape[0])
+    total_base = np.zeros(med.shape[0])
+    cls = list(classes) or list(range(len(xs)))
+    for k in set(cls):
+        idx = [i for i, c in enumerate(cls) if c == k]
+        over = sum((xs[i] - med[:, [i]]).sum(axis=1) for i in idx)
+        base = sum(med[:, i] * xs[i].shape[1] for i in idx)
+        rho = over / base
+        out[:, idx] = med[:, idx] * (1.0 + rho[:, None])
+        total_over += over
+        total_base += base
+    return out, total_over / total_base
+  return est
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "median": _per_probe(lambda x: np.median(x, axis=1)),
+    "mean": _per_probe(lambda x: x.mean(axis=1)),
+    "min": _per_probe(lambda x: x.min(axis=1)),
+    "trimmed": _per_probe(_trimmed),
+    "min+excess": _pooled_excess(lambda x: x.min(axis=1)),
+    "median+excess": _pooled_excess(lambda x: np.median(x, axis=1)),
+    "median+class": _class_excess(lambda x: np.median(x, axis=1)),
+    "min+class": _class_excess(lambda x: x.min(axis=1)),
+}
+#: the estimator of every profile (chosen on measured data, see the module docstring)
+ESTIMATOR = "median+class"
+#: bootstrap resamples behind a derived spread, and their fixed seed (a profile is reproducible)
+DRAWS = 400
+SEED = 20240611
+
+
+def expected_times(times: Sequence[Sequence[float]], *, classes: Sequence[int] = (),
+                   estimator: str = ESTIMATOR) -> tuple[np.ndarray, float]:
+    """The expected time of each probe (one list of repeats each) of a unit, and the unit's excess."""
+    xs = [np.asarray(t, dtype=float)[None, :] for t in times]
+    out, rho = ESTIMATORS[estimator](xs, classes)
+    return out[0], float(rho[0])
+
+
+def resample(times: Sequence[Sequence[float]], *, draws: int = DRAWS, seed: int = SEED) -> list[np.ndarray]:
+    """``draws`` bootstrap resamples of each probe's repeats: arrays (draws, repeats)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in times:
+        a = np.asarray(t, dtype=float)
+        out.append(a[rng.integers(0, len(a), size=(draws, len(a)))])
+    return out
+
+
+def bootstrap_times(times: Sequence[Sequence[float]], *, classes: Sequence[int] = (), estimator: str = ESTIMATOR,
+                    draws: int = DRAWS, seed: int = SEED) -> np.ndarray:
+    """Expected times of the probes under ``draws`` resamples of the repeats: (draws, probes)."""
+    return ESTIMATORS[estimator](resample(times, draws=draws, seed=seed), classes)[0]
+
+
+def spread(values: np.ndarray, axis: int = 0) -> np.ndarray:
+    """A robust standard deviation: half the central 68% range (one sigma for a normal)."""
+    hi, lo = np.percentile(values, [84.135, 15.865], axis=axis)
+    return (hi - lo) / 2.0

@@ -1,0 +1,100 @@
+"""A cache (and an export) written by schema 1 keeps working: migrated on open, its profiles intact."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import pandas as pd
+import pytest
+
+from storekit import FP
+
+from store import APPLICATION_ID, SCHEMA_VERSION, ProfileCache
+from store.migrate import legacy_spreads
+
+#: the tables of schema 1 as lensopt created them (store/schema.py before schema 2)
+V1_SQL = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE units (
+    fingerprint TEXT NOT NULL, tp INTEGER NOT NULL, batch INTEGER NOT NULL, target_json TEXT NOT NULL,
+    runner TEXT NOT NULL, versions_json TEXT NOT NULL, host TEXT NOT NULL, compile_s REAL NOT NULL,
+    run_s REAL NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (fingerprint, tp, batch));
+CREATE TABLE profiles (
+    fingerprint TEXT NOT NULL, tp INTEGER NOT NULL, batch INTEGER NOT NULL, bucket INTEGER NOT NULL,
+    ttft_s REAL NOT NULL, tbt_s REAL NOT NULL, input_len INTEGER NOT NULL, l1 INTEGER NOT NULL, l2 INTEGER NOT NULL,
+    t1_s REAL NOT NULL, t2_s REAL NOT NULL, raw_t1 TEXT NOT NULL, raw_t2 TEXT NOT NULL, repeats INTEGER NOT NULL,
+    spread REAL NOT NULL, runner TEXT NOT NULL, host TEXT NOT NULL, measured_at REAL NOT NULL,
+    simulated INTEGER NOT NULL, source TEXT NOT NULL, PRIMARY KEY (fingerprint, tp, batch, bucket));
+"""
+V1_COLUMNS = ("fingerprint", "tp", "batch", "bucket", "ttft_s", "tbt_s", "input_len", "l1", "l2", "t1_s", "t2_s",
+              "raw_t1", "raw_t2", "repeats", "spread", "runner", "host", "measured_at", "simulated", "source")
+
+
+def _v1_row(bucket: int, raw1=(0.101, 0.100, 0.104), raw2=(0.352, 0.350, 0.349)) -> tuple:
+    t1, t2 = sorted(raw1)[len(raw1) // 2], sorted(raw2)[len(raw2) // 2]
+    tbt = (t2 - t1) / (64 - 2)
+    ttft = (t1 - tbt) / 4
+    return (FP, 2, 4, bucket, ttft, tbt, bucket - 1, 2, 64, t1, t2, json.dumps(list(raw1)), json.dumps(list(raw2)),
+            3, 0.04, "sim", "host-a", 1_700_000_000.0, 1, "simulated")
+
+
+def _v1_cache(path, rows, *, claims: bool = True) -> None:
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    con.execute("PRAGMA user_version = 1")
+    con.executescript(V1_SQL)
+    if claims:
+        con.execute("CREATE TABLE claims (fingerprint TEXT NOT NULL, tp INTEGER NOT NULL, batch INTEGER NOT NULL, "
+                    "buckets TEXT NOT NULL, owner TEXT NOT NULL, claimed_at REAL NOT NULL, expires_at REAL NOT NULL, "
+                    "PRIMARY KEY (fingerprint, tp, batch))")
+    con.executemany("INSERT INTO meta VALUES (?, ?)", [("schema", "1"), ("created_at", repr(time.time())),
+                                                       ("lensopt_version", "0.1"), ("application", "lensopt profile cache")])
+    con.execute("INSERT INTO units VALUES (?, 2, 4, '{}', 'sim', '{}', 'host-a', 10.0, 5.0, 1700000000.0)", (FP,))
+    con.executemany(f"INSERT INTO profiles ({', '.join(V1_COLUMNS)}) VALUES ({', '.join('?' * len(V1_COLUMNS))})", rows)
+    con.close()
+
+
+@pytest.mark.parametrize("claims", [True, False])
+def test_a_schema_1_cache_is_migrated_on_open_with_its_profiles_intact(tmp_path, claims):
+    path = tmp_path / "old.sqlite"
+    rows = [_v1_row(128), _v1_row(256, raw1=(0.2,), raw2=(0.5,))]
+    _v1_cache(path, rows, claims=claims)
+    with ProfileCache.open(path, create=False) as c:
+        got = c.get_unit(FP, 2, 4)
+        frame = c.frame()
+    assert SCHEMA_VERSION >= 2
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert dict(con.execute("SELECT key, value FROM meta"))["schema"] == str(SCHEMA_VERSION)
+    con.close()
+    # every value schema 1 stored is read back unchanged
+    for row in rows:
+        p = got[row[3]]
+        old = dict(zip(V1_COLUMNS, row))
+        assert (p.ttft_s, p.tbt_s, p.t1_s, p.t2_s, p.l1, p.l2, p.repeats, p.spread) == \
+            (old["ttft_s"], old["tbt_s"], old["t1_s"], old["t2_s"], old["l1"], old["l2"], old["repeats"], old["spread"])
+        assert p.raw_t1 == tuple(json.loads(old["raw_t1"])) and p.source == "simulated"
+        assert p.accepted and p.excess == 0.0
+    # the spreads schema 2 adds are bootstrapped from the raw repeats kept by schema 1
+    e1, e2 = legacy_spreads((0.101, 0.100, 0.104), (0.352, 0.350, 0.349), l1=2, l2=64, batch=4)
+    assert e1 > 0 and e2 > 0
+    assert got[128].ttft_err_s == pytest.approx(e1) and got[128].tbt_err_s == pytest.approx(e2)
+    assert got[256].ttft_err_s == 0.0 and got[256].tbt_err_s == 0.0  # one repeat: no spread to tell
+    assert len(frame) == 2
+    # a second open finds it migrated and leaves it as it is
+    with ProfileCache.open(path, create=False) as c:
+        assert c.get_unit(FP, 2, 4) == got
+
+
+def test_a_schema_1_export_still_imports(tmp_path, cache):
+    """A CSV exported by schema 1 lacks the new columns; they are filled as the migration fills them."""
+    path = tmp_path / "old.sqlite"
+    _v1_cache(path, [_v1_row(128)])
+    con = sqlite3.connect(path)
+    df = pd.read_sql_query(f"SELECT {', '.join(V1_COLUMNS)} FROM profiles", con)
+    con.close()
+    df.to_csv(tmp_path / "old.csv", index=False)
+    assert cache.import_file(tmp_path / "old.csv") == {"inserted": 1, "skipped": 0, "replaced": 0}
+    with ProfileCache.open(path, create=False) as migrated:
+        assert cache.get_unit(FP, 2, 4) == migrated.get_unit(FP, 2, 4)
