@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from lens.compose import UnitTable, predict
+from lens.drift import host_drift, reference_probe
 from lens.errors import MissingProfiles
 from lens.metrics import summarize, summarize_prediction, tpot_of
 from runners import get_runner
@@ -52,13 +53,21 @@ def register(sub) -> None:
     add_space_arg(p)
     add_unit_args(p, buckets_required=True)
     add_request_args(p)
+    add_cache_arg(p)
     p.add_argument("--repeats", type=int_arg, default=3, help="repeats; per-request medians are reported (default 3)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_measure)
 
 
-def _profiles_line(profiles) -> list[list[str]]:
-    return [[b, p.source, fmt_s(p.ttft_s), fmt_s(p.tbt_s), f"{p.spread * 100:.1f}%"] for b, p in sorted(profiles.items())]
+def _pm(value: float, err: float) -> str:
+    rel = f" +-{err / value:.1%}" if value > 0 and err > 0 else ""
+    return fmt_s(value) + rel
+
+
+def _profiles_line(profiles, cost: dict) -> list[list[str]]:
+    return [[b, p.source, _pm(p.ttft_s, p.ttft_err_s), _pm(p.tbt_s, p.tbt_err_s), f"{p.l1}/{p.l2}", p.repeats,
+             f"{cost[b]:.2f} s" if b in cost else "-", "yes" if p.accepted else "NO"]
+            for b, p in sorted(profiles.items())]
 
 
 def cmd_profile(args) -> int:
@@ -88,18 +97,31 @@ def cmd_profile(args) -> int:
             "fingerprint": fp, "tp": tp, "batch": batch, "measured": out.measured, "reused": out.reused,
             "compile_s": out.compile_s, "run_s": out.run_s, "hardware_s": out.compile_s + out.run_s,
             "simulated": bool(sim),
-            "profiles": {str(b): {"ttft_s": p.ttft_s, "tbt_s": p.tbt_s, "spread": p.spread, "source": p.source}
+            "profiles": {str(b): {"ttft_s": p.ttft_s, "tbt_s": p.tbt_s, "ttft_err_s": p.ttft_err_s,
+                                  "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
+                                  "l1": p.l1, "l2": p.l2, "repeats": p.repeats, "spread": p.spread,
+                                  "source": p.source, "run_s": out.bucket_s.get(b)}
                          for b, p in profiles.items()},
             "noisy": {str(b): why for b, why in out.noisy.items()},
+            "notes": {str(b): why for b, why in out.notes.items()},
         })
         return 0
     print(f"{space.target.name}: runner {space.target.runner} on {space.target.hardware}{sim}, tp={tp} batch={batch}, fingerprint {fp}")
-    rows = [[b, "measured" if b in out.measured else "reused", *r[1:]] for b, r in zip(sorted(profiles), _profiles_line(profiles))]
-    print(table(rows, ["bucket", "status", "source", "TTFT_b", "TBT_b", "spread"]))
+    rows = [[b, "measured" if b in out.measured else "reused", *r[1:]]
+            for b, r in zip(sorted(profiles), _profiles_line(profiles, out.bucket_s))]
+    print(table(rows, ["bucket", "status", "source", "TTFT_b +-", "TBT_b +-", "L1/L2", "repeats", "run time",
+                       "accepted"]))
+    excess = {round(p.excess, 4) for b, p in profiles.items() if b in out.measured}
+    if excess and max(excess) > 0:
+        print(f"slow calls (stragglers, a busy host) added {max(excess):.1%} to the typical run; "
+              f"TTFT_b and TBT_b count that expected cost")
     print(f"measured {len(out.measured)} bucket(s), reused {len(out.reused)} from the cache; "
-          f"hardware seconds{sim}: compile {out.compile_s:.2f} s + run {out.run_s:.2f} s")
+          f"hardware seconds{sim}: compile {out.compile_s:.2f} s + run {out.run_s:.2f} s "
+          f"(run time per bucket above: its timed runs, every attempt)")
+    for b, why in sorted(out.notes.items()):
+        print(f"bucket {b}: {why}")
     for why in out.noisy.values():
-        print(f"NOISY: {why}; kept, but predictions from it are less certain")
+        print(f"NOISY: {why}; kept (not accepted), predictions from it carry a wide interval")
     return 0
 
 
@@ -155,7 +177,7 @@ def _report(kind: str, requests, ttft, tpot, e2e, summary: dict, extra: dict, as
         f" p99 {fmt_s(summary['e2e_p99_s'])}"
     )
     for k, v in extra.items():
-        if k not in ("requests",):
+        if k not in ("requests", "host_drift") and not isinstance(v, dict):  # the drift gets a line of its own
             print(f"  {k}: {v}")
 
 
@@ -193,9 +215,20 @@ def cmd_measure(args) -> int:
 
         raise UserError(f"--mode {args.mode}: runner {runner.name!r} executes {' and '.join(runner.batchings)} batches "
                         f"only; measure without --mode (`lensopt predict --mode {args.mode}` predicts it)")
-    runner.check_unit(Unit(target=space.target, tp=tp, batch=batch))
-    runs = []
+    unit = Unit(target=space.target, tp=tp, batch=batch)
+    runner.check_unit(unit)
+    profiles = _cached(args, runner, cand)
+    ref = reference_probe(profiles, requests.input_len, cand.ctx_buckets, policy=space.target.bucket_policy,
+                          repeats=space.profile.repeats)
     t0 = time.perf_counter()
+    drift, ref_extra = None, {}
+    if ref is not None:  # how fast the host is now against when it profiled, before the runs
+        got = runner.profile(unit, [ref.probe]).runs[0]
+        drift = host_drift(ref, got.times_s)
+        ref_extra = {"reference_probe": {"bucket": ref.probe.bucket, "input_len": ref.probe.input_len,
+                                         "output_len": ref.probe.output_len, "profiled_s": ref.cached_s,
+                                         "now_s": drift * ref.cached_s, "times_s": list(got.times_s)}}
+    runs = []
     for _ in range(args.repeats):
         runs.append(runner.run_workload(cand, requests))
     wall = time.perf_counter() - t0
@@ -215,8 +248,47 @@ def cmd_measure(args) -> int:
         "run_s": float(sum(r.run_s for r in runs)),
         "wall_s": wall,
         "simulated": sim,
+        # the reference probe's time now over its time in the cached profile (null: nothing cached to compare)
+        "host_drift": drift,
+        **ref_extra,
+        **_prediction_error(space, cand, profiles, requests, e2e, drift),
     }
     label = (f"measurement ({'SIMULATED ' if sim else ''}{space.target.runner} on {space.target.hardware}, "
              f"median of {args.repeats}) for {cand.label()} on {space.target.name}")
     _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label, sample)
+    if not args.json:
+        print(_drift_line(drift, ref))
     return 0
+
+
+def _cached(args, runner, cand) -> dict:
+    """The cached profiles of the candidate's unit (empty when there is no cache or none of them)."""
+    path = resolve_cache_path(args.cache)
+    if not path.exists():
+        return {}
+    with ProfileCache.open(path, create=False) as cache:
+        return cache.get_unit(runner.fingerprint(), cand.tp, cand.batch)
+
+
+def _prediction_error(space, cand, profiles, requests, e2e, drift) -> dict:
+    """Per-request E2E error of the cached profiles' prediction, as is and corrected for the host's drift."""
+    try:
+        pred = predict(UnitTable.build(cand, profiles, policy=space.target.bucket_policy, prefill=space.target.prefill),
+                       requests, mode=space.target.batching)
+    except MissingProfiles:
+        return {}
+    out = {"prediction_e2e_mape_pct": float(np.mean(np.abs(pred.e2e_s - e2e) / e2e) * 100)}
+    if drift is not None:
+        out["prediction_e2e_mape_drift_corrected_pct"] = float(np.mean(np.abs(pred.e2e_s * drift - e2e) / e2e) * 100)
+    return out
+
+
+def _drift_line(drift, ref) -> str:
+    if drift is None:
+        return ("host_drift: unknown (no cached profile of a bucket these requests use; `lensopt profile` the unit "
+                "to compare)")
+    p = ref.probe
+    how = "slower" if drift > 1 else "faster"
+    return (f"host_drift: {drift:.3f} -- the reference probe (bucket {p.bucket}, {p.input_len} in, {p.output_len} out) "
+            f"took {drift * ref.cached_s:.4g} s now, {ref.cached_s:.4g} s in the profile: the host is "
+            f"{abs(drift - 1):.1%} {how}; predictions times {drift:.3f} are the drift-corrected ones")

@@ -1,10 +1,16 @@
 """Confirmation: front candidates run end to end on the hardware, predicted vs measured.
 
-The picks are spread along the front (both ends included); each runs the whole workload
-sample as one Ray task, after a warm-up run that compiles its graphs (both count as
-hardware seconds). A confirmation disagreeing by more than ``budget.tolerance`` on any of
-``CONFIRM_METRICS`` is flagged; a failed one (an error, or past ``budget.confirm_timeout_s``)
-is recorded with its error.
+The picks are spread along the front (both ends included; near-duplicate points left out),
+one of them traded for the least certain prediction near the knee
+(``selection.confirm_pick``); each runs the whole workload sample as one Ray task, after a
+warm-up run that compiles its graphs (both count as hardware seconds). Just before the
+workload, the task runs one reference probe of the unit again (``lens.drift``):
+``host_drift`` says how much slower (> 1) or faster the host is than when it profiled. A
+confirmation disagreeing by more than ``budget.tolerance`` on any of ``CONFIRM_METRICS`` is
+flagged -- judged on the prediction re-scaled by the drift when the drift is over
+``budget.drift_tolerance`` (``drift_action = "rescaled"``), since a slower host is not a
+model error; both errors are kept. A failed one (an error, or past
+``budget.confirm_timeout_s``) is recorded with its error.
 """
 from __future__ import annotations
 
@@ -14,13 +20,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from lens.drift import corrected as drift_corrected
+from lens.drift import host_drift, reference_probe
 from lens.metrics import summarize
-from lens.types import Candidate, Requests
+from lens.types import BucketProfile, Candidate, Requests
 from spaces import Space
 
 from .evaluate import Evaluation
 from .progress import bar
-from .selection import distinct, spread_pick
+from .selection import confirm_pick, distinct
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
@@ -43,15 +51,26 @@ class Confirmation:
     #: mean over the requests of |predicted - measured| / measured E2E, in percent
     e2e_request_mape_pct: float | None = None
     error: str | None = None
+    #: the reference probe's time now over its time in the profile (None: no reference was run)
+    host_drift: float | None = None
+    #: what was done about the drift before judging: "none", "rescaled" (or "no reference")
+    drift_action: str = "none"
+    #: the same mean error with the prediction re-scaled by ``host_drift``
+    e2e_request_mape_corrected_pct: float | None = None
 
-    def error_pct(self, metric: str) -> float:
+    def error_pct(self, metric: str, *, corrected: bool = False) -> float:
+        """The prediction's error on ``metric`` in percent; ``corrected``: re-scaled by the host's drift first."""
         p, q = self.predicted[metric], self.measured[metric]
+        if corrected and self.host_drift:
+            p = drift_corrected(metric, p, self.host_drift)
         return (p - q) / q * 100 if q else float("nan")
 
     def to_json(self) -> dict[str, Any]:
         d = {"candidate": self.candidate.to_dict(), "flagged": self.flagged, "simulated": self.simulated,
              "predicted": dict(self.predicted), "measured": dict(self.measured),
-             "e2e_request_mape_pct": self.e2e_request_mape_pct, "error": self.error}
+             "e2e_request_mape_pct": self.e2e_request_mape_pct, "error": self.error,
+             "host_drift": self.host_drift, "drift_action": self.drift_action,
+             "e2e_request_mape_corrected_pct": self.e2e_request_mape_corrected_pct}
         return {k: v for k, v in d.items() if v is not None}
 
     @classmethod
@@ -61,44 +80,64 @@ class Confirmation:
                    simulated=bool(d.get("simulated", False)),
                    predicted={k: nan if v is None else float(v) for k, v in d.get("predicted", {}).items()},
                    measured={k: nan if v is None else float(v) for k, v in d.get("measured", {}).items()},
-                   e2e_request_mape_pct=d.get("e2e_request_mape_pct"), error=d.get("error"))
+                   e2e_request_mape_pct=d.get("e2e_request_mape_pct"), error=d.get("error"),
+                   host_drift=d.get("host_drift"), drift_action=d.get("drift_action", "none"),
+                   e2e_request_mape_corrected_pct=d.get("e2e_request_mape_corrected_pct"))
 
 
 def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests: Requests, dispatcher: "Dispatcher",
-                  ledger: "RunLedger", log: Callable[[str], None], progress: bool) -> list[Confirmation]:
-    """Run ``k`` candidates spread along ``front`` (lowest latency first) on the hardware.
+                  ledger: "RunLedger", log: Callable[[str], None], progress: bool,
+                  profiles: Mapping[tuple[int, int], Mapping[int, BucketProfile]] | None = None) -> list[Confirmation]:
+    """Run ``k`` candidates of ``front`` (lowest latency first) on the hardware (``selection.confirm_pick``).
 
     Near-duplicate points (``selection.near_duplicates``) are not picked: only what a person
-    reads of the front is confirmed.
-    Each evaluation must carry its prediction (the per-request E2E compared). Stops early
-    once ``budget.confirm_s`` hardware seconds are spent; ``ledger`` counts tasks and seconds.
-    The confirmations are returned in the front's order.
+    reads of the front is confirmed. Each evaluation must carry its prediction (the
+    per-request E2E compared). ``profiles`` (unit -> bucket -> profile) give each
+    candidate's reference probe for the drift check. Stops early once ``budget.confirm_s``
+    hardware seconds are spent; ``ledger`` counts tasks and seconds. The confirmations are
+    returned in the front's order.
     """
     if not front:
         return []
     shown = distinct(front, space)  # a near-duplicate row is neither shown nor confirmed
-    picks = [shown[i] for i in spread_pick(len(shown), k)]
+    picks = [shown[i] for i in confirm_pick(shown, k, space)]
     by_cand = {e.candidate: e for e in picks}
+    refs = {e.candidate: reference_probe((profiles or {}).get((e.candidate.tp, e.candidate.batch), {}),
+                                         requests.input_len, e.candidate.ctx_buckets,
+                                         policy=space.target.bucket_policy, repeats=space.profile.repeats)
+            for e in picks}
     cap = space.budget.confirm_s
     metrics = tuple(dict.fromkeys(CONFIRM_METRICS + (space.objectives.throughput, space.objectives.latency)))
     out: list[Confirmation] = []
     log(f"confirming {len(picks)} candidate(s) on the hardware with the {len(requests)}-request workload")
     shown = bar(len(picks), "confirming", progress)
-    for done in dispatcher.confirm(space.target, [e.candidate for e in picks], requests,
+    probes = {c: (r.probe if r else None) for c, r in refs.items()}
+    for done in dispatcher.confirm(space.target, [e.candidate for e in picks], requests, probes,
                                    timeout_s=space.budget.confirm_timeout_s):
         ledger.confirm_tasks += 1
         c, ev = done.key, by_cand[done.key]
         if done.error:
             out.append(Confirmation(c, flagged=True, error=done.error))
         else:
-            wr = done.value
-            ledger.confirm_hardware_s += wr.compile_s + wr.run_s
+            run = done.value
+            wr = run.workload
+            ledger.confirm_hardware_s += wr.compile_s + wr.run_s + run.reference_hardware_s
             meas = summarize(requests, ttft_s=wr.ttft_s, e2e_s=wr.e2e_s, total_s=wr.total_s, chips=c.tp)
+            drift = host_drift(refs[c], run.reference_s) if refs[c] and run.reference_s else None
             per_req = np.abs(ev.prediction.e2e_s - wr.e2e_s) / wr.e2e_s
+            fixed = None if drift is None else float((np.abs(ev.prediction.e2e_s * drift - wr.e2e_s) / wr.e2e_s).mean() * 100)
+            action = "no reference" if drift is None else (
+                "rescaled" if abs(drift - 1) > space.budget.drift_tolerance else "none")
             conf = Confirmation(c, flagged=False, simulated=wr.simulated, predicted={m: ev.metrics[m] for m in metrics},
-                                measured={m: meas[m] for m in metrics}, e2e_request_mape_pct=float(per_req.mean() * 100))
+                                measured={m: meas[m] for m in metrics}, e2e_request_mape_pct=float(per_req.mean() * 100),
+                                host_drift=drift, drift_action=action, e2e_request_mape_corrected_pct=fixed)
             tol = space.budget.tolerance * 100  # (a NaN error, e.g. no TPOT of one-token outputs, flags nothing)
-            out.append(dataclasses.replace(conf, flagged=any(abs(conf.error_pct(m)) > tol for m in CONFIRM_METRICS)))
+            judged = action == "rescaled"
+            flagged = any(abs(conf.error_pct(m, corrected=judged)) > tol for m in CONFIRM_METRICS)
+            if judged:
+                log(f"  {c.label()}: host_drift {drift:.3f} (the reference probe of bucket {refs[c].probe.bucket} took "
+                    f"{drift:.3f}x its profiled time); the prediction was re-scaled by it before it was judged")
+            out.append(dataclasses.replace(conf, flagged=flagged))
         shown.update(1)
         if cap is not None and ledger.confirm_hardware_s >= cap:
             log(f"confirmation budget of {cap:g} hardware-s spent; stopping confirmation")

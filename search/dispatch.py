@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from lens.errors import UnitCannotRun, UserError, one_line
 from lens.probes import NoisyMeasurement
-from lens.types import Candidate, Requests, Target
+from lens.types import Candidate, Probe, Requests, Target
 from spaces import ProfileSettings
 
 #: resources Ray names as arguments rather than in ``resources``
@@ -72,21 +72,37 @@ def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, pro
     yield dataclasses.replace(m, node_id=started.node_id)
 
 
-def _confirm_task(target: Target, candidate: Candidate, requests: Requests):
+@dataclass(frozen=True)
+class ConfirmRun:
+    """What a confirmation task measured: the workload, and the reference probe run just before it."""
+
+    workload: Any
+    #: the reference probe's times now (None when there was none to run), and the seconds it took
+    reference_s: tuple[float, ...] | None = None
+    reference_hardware_s: float = 0.0
+
+
+def _confirm_task(target: Target, candidate: Candidate, requests: Requests, reference: Probe | None = None):
     import dataclasses
 
+    from lens.types import Unit
     from runners import get_runner
 
     yield _started()
     try:
         runner = get_runner(target)
         warm = runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
+        times, hw = None, 0.0
+        if reference is not None:  # how fast the host is now, just before the workload (lens.drift)
+            res = runner.profile(Unit(target, candidate.tp, candidate.batch), [reference])
+            times, hw = tuple(res.runs[0].times_s), res.compile_s + res.run_s
         run = runner.run_workload(candidate, requests)
     except _PERMANENT as exc:
         yield _Permanent.of(exc)
         return
     # the warm-up compiled every graph: its seconds are hardware seconds of the confirmation too
-    yield dataclasses.replace(run, compile_s=warm.compile_s + run.compile_s, run_s=warm.run_s + run.run_s)
+    run = dataclasses.replace(run, compile_s=warm.compile_s + run.compile_s, run_s=warm.run_s + run.run_s)
+    yield ConfirmRun(run, times, hw)
 
 
 @dataclass(frozen=True)
@@ -352,11 +368,14 @@ class Dispatcher:
         return self._run(_measure_task, jobs, timeout_s=profile.timeout_s, timeout_key="profile.timeout_s", tick=tick,
                          tick_s=tick_s)
 
-    def confirm(self, target: Target, candidates: Sequence[Candidate], requests: Requests, *,
+    def confirm(self, target: Target, candidates: Sequence[Candidate], requests: Requests,
+                references: Mapping[Candidate, Probe | None] | None = None, *,
                 timeout_s: float | None = None) -> Iterator[TaskOutcome]:
-        """One task per candidate: a warm-up run that compiles its graphs, then the workload.
+        """One task per candidate: a warm-up run that compiles its graphs, its reference probe
+        (``references``, if any), then the workload.
 
         ``timeout_s`` (``budget.confirm_timeout_s``): most seconds a task may run from its start.
         """
-        jobs = [(c, c.tp, (target, c, requests)) for c in candidates]
+        refs = references or {}
+        jobs = [(c, c.tp, (target, c, requests, refs.get(c))) for c in candidates]
         return self._run(_confirm_task, jobs, timeout_s=timeout_s, timeout_key="budget.confirm_timeout_s")

@@ -32,6 +32,8 @@ class Evaluation:
     infeasible: str | None = None
     #: the per-request prediction behind ``metrics`` (None when infeasible, or dropped by the memo)
     prediction: Prediction | None = field(default=None, compare=False, repr=False)
+    #: metric -> (low, high) from the profiles' +- (``Evaluator.evaluate(interval=True)``); empty when not asked
+    bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def measured(self) -> bool:
@@ -46,6 +48,17 @@ class Evaluation:
 
     def meets_slo(self, space: Space) -> bool:
         return all(v <= 0 for v in self.violations(space).values())
+
+    def box(self, space: Space) -> tuple[tuple[float, float], tuple[float, float]]:
+        """(throughput low, high), (latency low, high): the prediction's interval on the two objectives."""
+        t, l = self.values(space)
+        return (self.bounds.get(space.objectives.throughput, (t, t)), self.bounds.get(space.objectives.latency, (l, l)))
+
+    def rel_width(self, space: Space) -> float:
+        """The widest relative interval of the two objectives (0 without bounds)."""
+        (t0, t1), (l0, l1) = self.box(space)
+        t, l = self.values(space)
+        return max((t1 - t0) / t if t else 0.0, (l1 - l0) / l if l else 0.0)
 
 
 class Evaluator:
@@ -129,12 +142,15 @@ class Evaluator:
         return None
 
     # -- evaluation ---------------------------------------------------------------------
-    def evaluate(self, c: Candidate, *, with_prediction: bool = False) -> Evaluation:
-        """``c`` predicted (memoised); ``with_prediction`` guarantees the per-request prediction."""
+    def evaluate(self, c: Candidate, *, with_prediction: bool = False, interval: bool = False) -> Evaluation:
+        """``c`` predicted (memoised); ``with_prediction`` guarantees the per-request prediction,
+        ``interval`` (implies it) its bounds from the profiles' +-."""
+        with_prediction = with_prediction or interval
         hit = self._memo.get(c)
-        if hit is not None and (hit.prediction is not None or not with_prediction or not hit.metrics):
+        if hit is not None and (hit.prediction is not None or not with_prediction or not hit.metrics) \
+                and (hit.bounds or not interval or not hit.metrics):
             return hit
-        ev = self._evaluate(c)
+        ev = self._evaluate(c, interval=interval)
         keep = ev
         if ev.prediction is not None:
             size = sum(a.nbytes for a in (ev.prediction.ttft_s, ev.prediction.tpot_s, ev.prediction.e2e_s,
@@ -146,7 +162,7 @@ class Evaluator:
         self._memo[c] = keep
         return ev
 
-    def _evaluate(self, c: Candidate) -> Evaluation:
+    def _evaluate(self, c: Candidate, *, interval: bool = False) -> Evaluation:
         reason = self.infeasible_reason(c)
         if reason:
             return Evaluation(c, infeasible=reason)
@@ -156,16 +172,25 @@ class Evaluator:
         try:
             tbl = UnitTable.build(c, prof, policy=self.space.target.bucket_policy,
                                   prefill=self.space.target.prefill)
-            pred = predict(tbl, self.requests, mode=self.space.target.batching)
+            pred = predict(tbl, self.requests, mode=self.space.target.batching, interval=interval)
         except LensoptError as exc:
             return Evaluation(c, infeasible=str(exc))
+        metrics = self._metrics(c, pred)
+        if not all(math.isfinite(metrics[k]) for k in (self.space.objectives.throughput, self.space.objectives.latency)):
+            return Evaluation(c, infeasible="objective is undefined for this workload (e.g. TPOT of one-token outputs)")
+        bounds = {}
+        if pred.low is not None and pred.high is not None:
+            lo, hi = self._metrics(c, pred.low), self._metrics(c, pred.high)
+            bounds = {k: (min(lo[k], hi[k]), max(lo[k], hi[k])) for k in metrics
+                      if isinstance(metrics[k], float) and k in lo and k in hi}
+        return Evaluation(c, metrics=metrics, source=source, prediction=pred, bounds=bounds)
+
+    def _metrics(self, c: Candidate, pred: Prediction) -> dict:
         metrics = summarize_prediction(self.requests, pred, chips=c.tp)
         cph = self.space.hosts.chips_per_host
         if cph:
             metrics["throughput_tok_s_per_host"] = metrics["throughput_tok_s_per_chip"] * (cph // c.tp) * c.tp
-        if not all(math.isfinite(metrics[k]) for k in (self.space.objectives.throughput, self.space.objectives.latency)):
-            return Evaluation(c, infeasible="objective is undefined for this workload (e.g. TPOT of one-token outputs)")
-        return Evaluation(c, metrics=metrics, source=source, prediction=pred)
+        return metrics
 
     def reevaluate(self, candidates) -> list[Evaluation]:
         return [self.evaluate(c) for c in candidates]

@@ -1,13 +1,9 @@
-"""Profiling units: plan the probes of the missing buckets, run them, solve, store.
+"""Profiling units: claim them in the shared cache, measure the missing buckets, store them whole.
 
-``measure_unit`` is the piece that runs where the hardware is (in-process for the CLI,
-inside a Ray task for the search); the cache is written by the caller as each unit
-finishes, in one transaction, so a unit is in the cache whole or not at all.
-
-A bucket whose runs are impossible to solve (the longer run not slower) or spread too
-widely is measured again, with twice the repeats each time, up to ``attempts`` in all.
-One that stays impossible fails the unit with ``NoisyMeasurement`` (never a negative
-TBT_b stored); one that stays only noisy is kept, its spread recorded and reported.
+``measure_unit`` (``search.measure``) is the piece that runs where the hardware is
+(in-process for the CLI, inside a Ray task for the search); the cache is written here, by
+the caller, as each unit finishes, in one transaction, so a unit is in the cache whole or
+not at all.
 """
 from __future__ import annotations
 
@@ -17,131 +13,21 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from lens.errors import LensoptError, RunnerError, UnitCannotRun, UserError, one_line
-from lens.probes import NoisyMeasurement, assess, check_probe, pair_runs, plan_probes, solve
-from lens.types import BucketProfile, ProbeRun, Target, Unit
-from runners import Runner, get_runner
+from lens.errors import LensoptError, UnitCannotRun, UserError, one_line
+from lens.types import BucketProfile, Target, Unit
+from runners import Runner
 from spaces import ProfileSettings, Space
 from store import ProfileCache, new_claimant_id
 
 from .ledger import RunLedger, UnitTask
+from .measure import UnitMeasurement, measure_unit
 from .progress import bar
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
     from .evaluate import Evaluator
 
-
-@dataclass(frozen=True)
-class UnitMeasurement:
-    """The solved profiles of one unit plus the hardware seconds they cost."""
-
-    tp: int
-    batch: int
-    profiles: dict[int, BucketProfile]
-    compile_s: float
-    run_s: float
-    host: str
-    versions: dict = field(default_factory=dict)
-    simulated: bool = False
-    #: where and when it ran (the Ray node, wall-clock seconds since the epoch)
-    node_id: str = ""
-    started_at: float = 0.0
-    ended_at: float = 0.0
-    #: buckets kept although their repeats spread more than ``max_spread``: bucket -> why
-    noisy: dict = field(default_factory=dict)
-    #: measurements made of the worst bucket (1 when the first one was good)
-    attempts: int = 1
-
-    @property
-    def hardware_s(self) -> float:
-        return self.compile_s + self.run_s
-
-
-def measure_unit(
-    target: Target,
-    *,
-    tp: int,
-    batch: int,
-    buckets: Sequence[int],
-    all_buckets: Sequence[int],
-    profile: ProfileSettings,
-    runner: Runner | None = None,
-) -> UnitMeasurement:
-    """Compile ``(tp, batch)`` once and measure two runs per bucket of ``buckets``.
-
-    ``profile`` gives the repeats, the probes' longest output, the attempts and the
-    largest accepted spread. Buckets whose runs are impossible or too noisy are measured
-    again (see the module docstring); raises ``NoisyMeasurement`` when one stays impossible.
-    """
-    runner = runner or get_runner(target)
-    unit = Unit(target=target, tp=tp, batch=batch)
-    runner.check_unit(unit)
-    repeats, max_output, attempts = profile.repeats, profile.max_output, profile.attempts
-    if attempts < 1:
-        raise UserError(f"profile.attempts {attempts}: needs at least 1")
-    want = sorted(set(buckets))
-    if not want:
-        raise UserError(f"unit tp={tp} batch={batch}: no bucket to profile")
-    probes = plan_probes(all_buckets, policy=target.bucket_policy, profile=want, max_output=max_output, repeats=repeats)
-    for p in probes:
-        check_probe(p, want, target.bucket_policy)
-    started = time.time()
-    compile_s = run_s = 0.0
-    best: dict[int, tuple[ProbeRun, ProbeRun]] = {}
-    verdict: dict[int, tuple[str, str] | None] = {}
-    todo, reps, attempt = want, repeats, 0
-    history: list[int] = []
-    result = None
-    while todo and attempt < attempts:
-        attempt += 1
-        history.append(reps)
-        if attempt > 1:
-            probes = plan_probes(all_buckets, policy=target.bucket_policy, profile=todo, max_output=max_output,
-                                 repeats=reps)
-        result = runner.profile(unit, probes)
-        compile_s += result.compile_s
-        run_s += result.run_s
-        for b, pair in pair_runs(result.runs).items():
-            v = assess(*pair, batch=batch, max_spread=profile.max_spread, prefill=target.prefill)
-            # keep the better measurement of each bucket over the attempts
-            if b not in best or _rank(v, pair) < _rank(verdict[b], best[b]):
-                best[b], verdict[b] = pair, v
-        todo = [b for b in want if verdict.get(b) is not None]
-        reps *= 2
-    lost = [b for b in want if b not in best]
-    if lost:
-        raise RunnerError(f"runner {runner.name}: no runs came back for bucket(s) {lost} of tp={tp} batch={batch}")
-    impossible = {b: verdict[b][1] for b in want if verdict.get(b) and verdict[b][0] == "impossible"}
-    if impossible:
-        raise NoisyMeasurement(
-            f"noisy measurement: {'; '.join(impossible.values())} (after {attempt} attempt(s) with "
-            f"{', '.join(map(str, history))} repeats; the unit is left out)"
-        )
-    runs = [r for b in want for r in best[b]]
-    profiles = solve(runs, batch=batch, prefill=target.prefill, runner=runner.name, host=result.host,
-                     simulated=result.simulated)
-    noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict.get(b)}
-    return UnitMeasurement(
-        tp=tp,
-        batch=batch,
-        profiles=profiles,
-        compile_s=compile_s,
-        run_s=run_s,
-        host=result.host,
-        versions=dict(result.versions),
-        simulated=result.simulated,
-        started_at=started,
-        ended_at=time.time(),
-        noisy=noisy,
-        attempts=attempt,
-    )
-
-
-def _rank(v: tuple[str, str] | None, pair: tuple[ProbeRun, ProbeRun]) -> tuple[int, float]:
-    """Lower is better: good, then noisy, then impossible; ties go to the smaller spread."""
-    kind = 0 if v is None else {"noisy": 1}.get(v[0], 2)
-    return kind, max(pair[0].spread, pair[1].spread)
+__all__ = ["UnitMeasurement", "measure_unit", "store", "profile_missing", "ProfileOutcome", "UnitProfiler"]
 
 
 def store(cache: ProfileCache, fingerprint: str, target: Target, m: UnitMeasurement, runner_name: str,
@@ -172,6 +58,9 @@ class ProfileOutcome:
     noisy: dict = field(default_factory=dict)
     #: seconds spent waiting for another process that held the unit
     waited_s: float = 0.0
+    #: timed seconds of each measured bucket's runs, and what was done beyond its first measurement
+    bucket_s: dict = field(default_factory=dict)
+    notes: dict = field(default_factory=dict)
 
 
 class LeaseKeeper:
@@ -266,6 +155,7 @@ def profile_missing(
     return ProfileOutcome(
         measured=tuple(missing), reused=reused, compile_s=m.compile_s, run_s=m.run_s,
         wall_s=time.perf_counter() - t0, simulated=m.simulated, noisy=dict(m.noisy), waited_s=waited,
+        bucket_s=dict(m.bucket_s), notes=dict(m.notes),
     )
 
 
@@ -431,10 +321,9 @@ class UnitProfiler:
 
     def _note_spread(self, unit: tuple[int, int], profiles: Mapping[int, BucketProfile],
                      reasons: Mapping[int, str] | None = None) -> None:
-        """Record the buckets of a unit whose repeats spread more than profile.max_spread."""
-        lim = self.space.profile.max_spread
+        """Record the buckets of a unit kept although their derived values spread more than profile.max_spread."""
         reasons = reasons or {}
         self.ledger.note_noisy(unit, {
-            b: reasons.get(b) or f"bucket {b}: repeats spread {p.spread:.0%} of their median "
-                                 f"(more than profile.max_spread = {lim:.0%})"
-            for b, p in profiles.items() if p.spread > lim or b in reasons})
+            b: reasons.get(b) or (f"bucket {b}: derived TTFT_b +-{p.ttft_err_s / p.ttft_s:.1%}, TBT_b "
+                                  f"+-{p.tbt_err_s / p.tbt_s:.1%} (not accepted when measured)")
+            for b, p in profiles.items() if not p.accepted or b in reasons})

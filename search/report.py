@@ -72,6 +72,10 @@ def candidates_table(df: pd.DataFrame | None, space: Space, *, ranked: bool = Tr
     header = (["#"] if ranked else []) + ["tp", "batch", "buckets"] + [metric_label(m) for m in metrics]
     header += ["padding (prefill / decode)", "from"] + [f"over the SLO on `{c[4:-7]}`" for c in over]
     confirmed = "confirmed" in df
+    objectives = (space.objectives.throughput, space.objectives.latency)
+    bounded = "may_be_dominated_by" in df
+    if bounded:
+        header += [f"+- {metric_label(objectives[0])} / {metric_label(objectives[1])}", "overlaps"]
     if confirmed:
         header.append("confirmed")
     rows = []
@@ -80,6 +84,10 @@ def candidates_table(df: pd.DataFrame | None, space: Space, *, ranked: bool = Tr
         row += [metric_value(m, r[m]) for m in metrics]
         row += [f"{fmt.share(r.get('prefill_padding'))} / {fmt.share(r.get('decode_padding'))}", str(r.get("source", ""))]
         row += [fmt.seconds(r[c]) if r[c] > 0 else "met" for c in over]
+        if bounded:
+            half = [(r[f"{m}_high"] - r[f"{m}_low"]) / 2 / r[m] if r[m] else float("nan") for m in objectives]
+            row += [f"{fmt.share(half[0])} / {fmt.share(half[1])}",
+                    " ".join(f"#{j}" for j in str(r.get("may_be_dominated_by") or "").split())]
         if confirmed:
             row.append(("yes" + (", **flagged**" if r.get("flagged") is True else "")) if r.get("confirmed") is True else "")
         rows.append(row)
@@ -91,7 +99,11 @@ def confirm_md(confirm: pd.DataFrame) -> str:
     header = ["tp", "batch", "buckets"]
     shown = [m for m in CONFIRM_SHOWN if f"{m}_predicted" in confirm]
     header += [f"{metric_label(m)}: predicted / measured (error)" for m in shown]
-    header += ["per-request E2E error", "verdict"]
+    drifted = "host_drift" in confirm and confirm["host_drift"].notna().any()
+    header += ["per-request E2E error"]
+    if drifted:
+        header += ["host drift", "per-request E2E error, drift-corrected"]
+    header += ["verdict"]
     rows = []
     for r in confirm.to_dict("records"):
         row = [str(r["tp"]), str(r["batch"]), _buckets(r)]
@@ -99,11 +111,22 @@ def confirm_md(confirm: pd.DataFrame) -> str:
             rows.append(row + ["failed: " + r["error"]] + [""] * (len(header) - 4))
             continue
         for m in shown:
+            fixed = r.get(f"{m}_err_drift_corrected_%")
             row.append(f"{metric_value(m, r[f'{m}_predicted'])} / {metric_value(m, r[f'{m}_measured'])} "
-                       f"({fmt.signed_pct(r[f'{m}_err_%'])})")
-        row += [f"{fmt.sig(r.get('e2e_request_mape_%'))}%", "**flagged**" if r["flagged"] else "ok"]
+                       f"({fmt.signed_pct(r[f'{m}_err_%'])}"
+                       + (f"; {fmt.signed_pct(fixed)} drift-corrected)" if drifted and fixed == fixed else ")"))
+        row += [f"{fmt.sig(r.get('e2e_request_mape_%'))}%"]
+        if drifted:
+            row += [fmt.sig(r.get("host_drift")), f"{fmt.sig(r.get('e2e_request_mape_drift_corrected_%'))}%"]
+        verdict = "**flagged**" if r["flagged"] else "ok"
+        row += [verdict + (", re-scaled for drift" if r.get("drift_action") == "rescaled" else "")]
         rows.append(row)
     return md_table(header, rows)
+
+
+def _pm(value: float, err: float) -> str:
+    """A value and its +- (relative), for reading: ``12.3 ms +-1.2%``."""
+    return fmt.seconds(value) + (f" +-{fmt.share(err / value)}" if value > 0 and err > 0 else "")
 
 
 def workload_line(ledger: RunLedger) -> str:
@@ -220,6 +243,11 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
     if hidden:
         lines += [f"{hidden} more row(s) of the same tp and batch, within {NEAR_DUPLICATE:.0%} of a row above on both "
                   f"objectives but with more buckets, are left out here; `pareto.csv` keeps them (`collapsed_into`).\n"]
+    if "may_be_dominated_by" in front:
+        lines += ["`+-`: how far each objective moves when every bucket's TTFT_b and TBT_b move by their own +- "
+                  "(one standard error of its repeats; `pareto.csv` has the bounds). `overlaps`: the rows whose "
+                  "interval reaches past this one's on both objectives -- the profiles cannot order them, a "
+                  "measurement may.\n"]
     if nearest:
         lines += ["## No candidate meets the SLO: the nearest ones\n",
                   candidates_table(pd.DataFrame(nearest), space, ranked=False)]
@@ -228,12 +256,20 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
         lines += ["_not run_\n"]
     else:
         lines += [f"Predicted vs measured on the workload sample; an error over {space.budget.tolerance * 100:g}% "
-                  f"is flagged.\n", confirm_md(confirm)]
+                  f"is flagged.\n"]
+        drift = confirm["host_drift"].dropna() if "host_drift" in confirm else pd.Series(dtype=float)
+        if len(drift):
+            lines += [f"Host drift: a reference probe run just before each confirmation took "
+                      f"{', '.join(fmt.sig(d) for d in drift)} times its time in the profile. Each error is given "
+                      f"as is and drift-corrected (the prediction re-scaled by the drift); past "
+                      f"{fmt.share(space.budget.drift_tolerance)} of drift the corrected one is judged (re-scaled).\n"]
+        lines += [confirm_md(confirm)]
     if "staircase.png" in pngs:
         lines += ["## Per-bucket staircase of the chosen unit" + (" (estimated)" if estimate_only else "") + "\n",
                   "![staircase](staircase.png)\n",
-                  md_table(["bucket", "TTFT_b", "TBT_b", "spread of repeats", "from"],
-                           [[str(b), fmt.seconds(p.ttft_s), fmt.seconds(p.tbt_s), fmt.share(p.spread), p.source]
+                  md_table(["bucket", "TTFT_b", "TBT_b", "L1 / L2", "repeats", "accepted", "from"],
+                           [[str(b), _pm(p.ttft_s, p.ttft_err_s), _pm(p.tbt_s, p.tbt_err_s), f"{p.l1} / {p.l2}",
+                             str(p.repeats), "yes" if p.accepted else "**no**", p.source]
                             for b, p in sorted(staircase.items())])]
     lines += ["## Throughput vs latency\n", "![pareto](pareto.png)\n"]
     if trials is not None and len(trials) and "infeasible" in trials:
@@ -249,8 +285,9 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
     if ledger.units_noisy:
         rows = [[unit_key(u), str(b), why] for u, per in ledger.units_noisy.items() for b, why in per.items()]
         lines += ["## Noisy measurements\n",
-                  "Buckets kept although their repeated runs spread widely (each was measured again, with more "
-                  "repeats, up to profile.attempts times): predictions that use them are less certain.\n",
+                  "Buckets kept although their derived TTFT_b or TBT_b spread more than profile.max_spread (each was "
+                  "measured again, with more repeats or a longer run, up to profile.attempts times): they are stored "
+                  "as not accepted, and predictions that use them carry wider intervals.\n",
                   md_table(["unit (tp x batch)", "bucket", "why"], rows)]
     md = "\n".join(lines)
     (run_dir / "report.md").write_text(md)

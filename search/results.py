@@ -25,7 +25,7 @@ from .cli_common import json_safe
 from .confirm import Confirmation
 from .evaluate import Evaluation
 from .ledger import RunLedger
-from .selection import near_duplicates
+from .selection import may_be_dominated_by, near_duplicates
 
 if TYPE_CHECKING:
     from .study import TrialRecord
@@ -127,13 +127,20 @@ def front_table(front: Sequence[Evaluation], space: Space, confirmed: Sequence[C
     """``pareto.csv``: the front as given (lowest latency first), ranked, marked where confirmed.
 
     Every point is a row; ``collapsed_into`` holds the rank of the row a near-duplicate reads
-    as (``selection.near_duplicates``), empty for the rows a person is shown.
+    as (``selection.near_duplicates``), empty for the rows a person is shown. Each objective's
+    interval from the profiles' +- (``_low``/``_high``), and the ranks of the points that may
+    dominate it within their intervals (``may_be_dominated_by``).
     """
     df = pd.DataFrame([eval_row(e, space) for e in front])
     if not len(df):
         return df
     df.insert(0, "rank", range(1, len(df) + 1))
     df["collapsed_into"] = pd.array([None if j is None else j + 1 for j in near_duplicates(front, space)], dtype="Int64")
+    if any(e.bounds for e in front):
+        for name in (space.objectives.throughput, space.objectives.latency):
+            df[f"{name}_low"] = [e.bounds.get(name, (float("nan"),) * 2)[0] for e in front]
+            df[f"{name}_high"] = [e.bounds.get(name, (float("nan"),) * 2)[1] for e in front]
+        df["may_be_dominated_by"] = [" ".join(str(j + 1) for j in js) for js in may_be_dominated_by(front, space)]
     if confirmed:
         flags = {c.candidate: c.flagged for c in confirmed}
         df["flagged"] = [flags.get(e.candidate, float("nan")) for e in front]
@@ -167,7 +174,13 @@ def confirm_table(confirmed: Sequence[Confirmation]) -> pd.DataFrame:
             for m in c.predicted:
                 row.update({f"{m}_predicted": c.predicted[m], f"{m}_measured": c.measured[m],
                             f"{m}_err_%": c.error_pct(m)})
-            row.update({"e2e_request_mape_%": c.e2e_request_mape_pct, "flagged": c.flagged})
+            row.update({"e2e_request_mape_%": c.e2e_request_mape_pct, "host_drift": c.host_drift,
+                        "drift_action": c.drift_action,
+                        "e2e_request_mape_drift_corrected_%": c.e2e_request_mape_corrected_pct})
+            if c.host_drift:
+                for m in c.predicted:
+                    row[f"{m}_err_drift_corrected_%"] = c.error_pct(m, corrected=True)
+            row["flagged"] = c.flagged
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -152,7 +152,8 @@ def run(
                 front = search.final_front()
                 if confirm and k > 0:
                     ledger.confirmed = confirm_front(front, k, space=sp, requests=reqs, dispatcher=dispatcher,
-                                                     ledger=ledger, log=log, progress=progress)
+                                                     ledger=ledger, log=log, progress=progress,
+                                                     profiles=search.ev.measured)
                     if front:
                         write_confirm(run_dir, ledger.confirmed)
             ledger.state = "complete"
@@ -208,10 +209,10 @@ def confirm_run(
         with ProfileCache.open(cache_path, create=False) as pc:
             for tp, b in {(c.tp, c.batch) for c in ledger.front}:
                 ev.set_measured((tp, b), pc.get_unit(fp, tp, b))
-        front = [ev.evaluate(c, with_prediction=True) for c in ledger.front]
+        front = [ev.evaluate(c, interval=True) for c in ledger.front]
         ledger.confirm_hardware_s = 0.0
         ledger.confirmed = confirm_front(front, k, space=sp, requests=reqs, dispatcher=dispatcher, ledger=ledger,
-                                         log=log, progress=progress)
+                                         log=log, progress=progress, profiles=ev.measured)
     confirm = write_confirm(rd, ledger.confirmed)
     table = write_front(rd, front, sp, ledger.confirmed)
     write_ledger(rd, ledger)
@@ -327,7 +328,8 @@ class _Search:
         evs = self.evals(measured_only=True)
         front = by_latency(front_of(evs, self.sp), self.sp)
         self.ledger.slo_met = bool(front) or not self.sp.slo
-        front = [self.ev.evaluate(e.candidate, with_prediction=True) for e in front]  # confirmation reads them
+        # confirmation reads the predictions; the report and the pick of the least certain, their intervals
+        front = [self.ev.evaluate(e.candidate, interval=True) for e in front]
         if not front and evs:
             self.nearest = nearest(evs, self.sp)
             self.log("no candidate meets the SLO " + ", ".join(f"{k} <= {v:g}" for k, v in self.sp.slo)

@@ -157,6 +157,47 @@ def spread_pick(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
+def may_be_dominated_by(front: Sequence[Evaluation], space: Space) -> list[list[int]]:
+    """For each front point (in order), the positions of the others that may dominate it within their intervals.
+
+    Point j may dominate point i when j's throughput can reach above i's lowest and j's
+    latency below i's highest (``Evaluation.box``): their predictions are closer than the
+    profiles' +- can tell apart, and a measurement may order them the other way.
+    """
+    boxes = [e.box(space) for e in front]
+    out = []
+    for i, ((ti0, _), (_, li1)) in enumerate(boxes):
+        out.append([j for j, ((_, tj1), (lj0, _)) in enumerate(boxes)
+                    if j != i and tj1 >= ti0 and lj0 <= li1])
+    return out
+
+
+#: front points on each side of the knee that count as near it
+NEAR_KNEE = 2
+
+
+def least_certain_near_knee(front: Sequence[Evaluation], space: Space) -> int | None:
+    """Position (in ``front``, lowest latency first) of the widest interval among the knee and its neighbours."""
+    if not front:
+        return None
+    k = front.index(knee(front, space))
+    near = range(max(0, k - NEAR_KNEE), min(len(front), k + NEAR_KNEE + 1))
+    best = max(near, key=lambda i: (front[i].rel_width(space), -abs(i - k)))
+    return best if front[best].rel_width(space) > 0 else None
+
+
+def confirm_pick(front: Sequence[Evaluation], k: int, space: Space) -> list[int]:
+    """Positions of the ``k`` front points to confirm: spread along the front (both ends), one of
+    them traded, from three picks up, for the least certain prediction near the knee."""
+    picks = spread_pick(len(front), k)
+    doubt = least_certain_near_knee(front, space)
+    if doubt is None or doubt in picks or len(picks) < 3:
+        return picks
+    inner = picks[1:-1]  # the ends stay: they bound the front
+    swap = min(inner, key=lambda i: (abs(i - doubt), i))
+    return sorted(set(picks) - {swap} | {doubt})
+
+
 def measured_sweep(space: SearchSpace, measured: Mapping[Unit, Mapping[int, BucketProfile]],
                    cap: int = SWEEP_CAP) -> list[Candidate]:
     """Every bucket set of each measured unit that its profiles cover (at most ``cap`` per unit).

@@ -111,19 +111,24 @@ class Budget:
     trials: int = setting(200, int, min=1, help="Optuna trials")
     tolerance: float = setting(0.10, float, above=0, below=10, hint="a fraction such as 0.1",
                                help="confirmation disagreement flagged above this fraction")
+    drift_tolerance: float = setting(0.05, float, above=0, below=1, hint="a fraction such as 0.05",
+                                     help="host drift (a reference probe now vs in the profile) beyond which a "
+                                          "confirmation's prediction is re-scaled by it before it is judged")
 
 
 @dataclass(frozen=True)
 class ProfileSettings:
     repeats: int = setting(3, int, min=1, max=MAX_REPEATS, help="timed repeats of each probe run (the median is kept)")
     max_output: int = setting(128, int, min=2, hint="two output lengths per bucket",
-                              help="cap on the longer probe run's output: more steps lower the TBT noise, but cost time")
+                              help="output of the first longer probe run (a bucket whose TBT_b is not tight is "
+                                   "measured again with a longer one, up to the bucket's window)")
     timeout_s: float | None = setting(None, float, above=0, help="most seconds one profiling task (compile and runs "
                                                                  "of a unit) may run; unset: no limit")
     attempts: int = setting(3, int, min=1, max=MAX_ATTEMPTS, hint="each attempt doubles the repeats",
                             help="measurements of a bucket whose runs are impossible (T2 <= T1) or too noisy, at most")
-    max_spread: float = setting(0.5, float, above=0, help="largest accepted spread (max - min) / median of a probe's "
-                                                          "repeats before it is measured again")
+    max_spread: float = setting(0.05, float, above=0, hint="a fraction such as 0.05",
+                                help="largest accepted relative spread (+-, one standard error bootstrapped over the "
+                                     "repeats) of a bucket's derived TTFT_b and TBT_b before it is measured again")
     lease_s: float = setting(120.0, float, above=0, help="seconds a claim on a unit lasts unless renewed (renewed every "
                                                          "third of it while the task runs); another process waits at "
                                                          "most this long for a claimant that died")

@@ -6,8 +6,8 @@ import pytest
 from lens.types import Candidate, ModelShape, Target
 from search.evaluate import Evaluation
 from search.selection import (
-    anchor_unit, by_latency, distinct, front_of, hv_gain, knee, measured_sweep, near_duplicates, nearest,
-    promising_units, spread_pick,
+    anchor_unit, by_latency, confirm_pick, distinct, front_of, hv_gain, knee, least_certain_near_knee,
+    may_be_dominated_by, measured_sweep, near_duplicates, nearest, promising_units, spread_pick,
 )
 from spaces import SearchSpace, Space
 
@@ -150,3 +150,36 @@ def test_the_front_table_keeps_every_row_and_marks_the_collapsed_ones():
     t = front_table(front, sp)
     assert list(t["rank"]) == [1, 2, 3] and len(t) == 3
     assert t["collapsed_into"].tolist()[1] == 1 and t["collapsed_into"].isna().tolist() == [True, False, True]
+
+
+def evb(batch, t, l, rel) -> Evaluation:
+    """An evaluation whose objectives are known to +-``rel`` (relative)."""
+    e = ev(1, batch, t, l)
+    return Evaluation(e.candidate, metrics=e.metrics, source="measured",
+                      bounds={T: (t * (1 - rel), t * (1 + rel)), L: (l * (1 - rel), l * (1 + rel))})
+
+
+def test_front_points_whose_intervals_overlap_a_better_ones_are_marked():
+    sp = space()
+    # lowest latency first; b and c are 2% apart on both objectives, each known to +-5%
+    a, b, c, d = evb(1, 10, 1.0, 0.01), evb(2, 20, 2.0, 0.05), evb(4, 20.4, 2.04, 0.05), evb(8, 40, 4.0, 0.01)
+    marks = may_be_dominated_by([a, b, c, d], sp)
+    assert marks == [[], [2], [1], []]
+    # without intervals (nothing known of the noise) nothing is marked
+    assert may_be_dominated_by([ev(1, 1, 10, 1), ev(1, 2, 20.4, 2.04)], sp) == [[], []]
+
+
+def test_confirmation_trades_a_middle_pick_for_the_least_certain_point_near_the_knee():
+    sp = space()
+    front = [evb(b, t, l, r) for b, t, l, r in
+             [(1, 10, 1, 0.01), (2, 30, 1.2, 0.01), (4, 38, 1.5, 0.20), (8, 40, 3, 0.01), (16, 41, 6, 0.01)]]
+    k = front.index(knee(front, sp))
+    doubt = least_certain_near_knee(front, sp)
+    assert doubt == 2 and abs(doubt - k) <= 2
+    assert spread_pick(5, 3) == [0, 2, 4]
+    picks = confirm_pick(front, 3, sp)
+    assert picks[0] == 0 and picks[-1] == 4 and doubt in picks and len(picks) == 3
+    # it already is a spread pick, or too few picks to trade one: the spread pick stands
+    front[2] = evb(4, 38, 1.5, 0.01)
+    front[1] = evb(2, 30, 1.2, 0.20)
+    assert confirm_pick(front, 3, sp) == [0, 1, 4] and confirm_pick(front, 2, sp) == [0, 4]

@@ -117,10 +117,10 @@ def test_the_sampler_flag_lists_the_registry():
 # -- no default written twice -------------------------------------------------------------------
 #: settings whose default must live in one place only, and that place
 WATCHED = {"repeats", "max_output", "attempts", "max_spread", "lease_s", "requests", "trials", "top_k", "sampler",
-           "tolerance"}
+           "tolerance", "drift_tolerance"}
 HOMES = {("lens/workload.py", "DEFAULT_REQUESTS"), ("search/study.py", "DEFAULT_SAMPLER")}
 #: fields that share a setting's name but are not that setting
-NOT_SETTINGS = {("search/profiler.py", "attempts"),  # UnitMeasurement.attempts: how many were made
+NOT_SETTINGS = {("search/measure.py", "attempts"),  # UnitMeasurement.attempts: how many were made
                 ("search/ledger.py", "trials"),  # RunLedger.trials: how many the run holds
                 # the conformance suite's own tiny probe plan, deliberately not a space's
                 ("runners/conformance.py", "max_output"), ("runners/conformance.py", "repeats")}
