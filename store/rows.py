@@ -46,19 +46,22 @@ def as_int(v: Any, *, lo: int, text: bool) -> int:
     return out
 
 
-def as_seconds(v: Any, *, text: bool) -> float:
-    """A finite, non-negative number (a time or a spread)."""
+def _number(v: Any, *, text: bool) -> float:
     if text:
         try:
-            out = float(v)
+            return float(v)
         except ValueError:
             raise BadValue(f"{v!r} is not a number") from None
-    else:
-        if v is None:
-            raise BadValue("missing value")
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise BadValue(f"{v!r} is not a number")
-        out = float(v)
+    if v is None:
+        raise BadValue("missing value")
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise BadValue(f"{v!r} is not a number")
+    return float(v)
+
+
+def as_seconds(v: Any, *, text: bool) -> float:
+    """A finite, non-negative number (a time or a spread)."""
+    out = _number(v, text=text)
     if math.isnan(out):
         raise BadValue("NaN is not a valid time")
     if math.isinf(out):
@@ -70,15 +73,7 @@ def as_seconds(v: Any, *, text: bool) -> float:
 
 def as_ratio(v: Any, *, text: bool) -> float:
     """A finite share above -1 (an expected slow-down; the mean of a probe's runs can sit below their median)."""
-    if text:
-        try:
-            out = float(v)
-        except ValueError:
-            raise BadValue(f"{v!r} is not a number") from None
-    else:
-        if v is None or isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise BadValue(f"{v!r} is not a number")
-        out = float(v)
+    out = _number(v, text=text)
     if not math.isfinite(out) or out <= -1:
         raise BadValue(f"{out} is not a share above -1")
     return out

@@ -141,7 +141,8 @@ def test_confirm_reruns_the_runs_own_workload_override(tmp_path, ray_local, caps
     out = capsys.readouterr().out
     n = 24 - info["workload"].get("dropped_longer", 0)
     assert f"with the {n}-request workload" in out
-    front, conf = pd.read_csv(rd / "pareto.csv"), pd.read_csv(rd / "confirm.csv")
+    sets = {"ctx_buckets": str, "tkg_buckets": str}  # a lone bucket ("1024") must not read as a number
+    front, conf = pd.read_csv(rd / "pareto.csv", dtype=sets), pd.read_csv(rd / "confirm.csv", dtype=sets)
     row = conf.iloc[0]
     same = front[(front["tp"] == row["tp"]) & (front["batch"] == row["batch"])
                  & (front["ctx_buckets"] == row["ctx_buckets"]) & (front["tkg_buckets"] == row["tkg_buckets"])]

@@ -9,6 +9,29 @@ from store import ProfileCache
 
 FP = "0123456789abcdef"
 
+#: schema 1 exactly as lensopt wrote it: tests build such a file from scratch, so every
+#: migration step to the current schema runs on it
+V1_SQL = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE units (
+    fingerprint TEXT NOT NULL, tp INTEGER NOT NULL, batch INTEGER NOT NULL, target_json TEXT NOT NULL,
+    runner TEXT NOT NULL, versions_json TEXT NOT NULL, host TEXT NOT NULL, compile_s REAL NOT NULL,
+    run_s REAL NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (fingerprint, tp, batch));
+CREATE TABLE profiles (
+    fingerprint TEXT NOT NULL, tp INTEGER NOT NULL, batch INTEGER NOT NULL, bucket INTEGER NOT NULL,
+    ttft_s REAL NOT NULL, tbt_s REAL NOT NULL, input_len INTEGER NOT NULL, l1 INTEGER NOT NULL,
+    l2 INTEGER NOT NULL, t1_s REAL NOT NULL, t2_s REAL NOT NULL, raw_t1 TEXT NOT NULL, raw_t2 TEXT NOT NULL,
+    repeats INTEGER NOT NULL, spread REAL NOT NULL, runner TEXT NOT NULL, host TEXT NOT NULL,
+    measured_at REAL NOT NULL, simulated INTEGER NOT NULL, source TEXT NOT NULL,
+    PRIMARY KEY (fingerprint, tp, batch, bucket));
+CREATE TABLE claims (
+    fingerprint TEXT NOT NULL, tp INTEGER NOT NULL, batch INTEGER NOT NULL, buckets TEXT NOT NULL,
+    owner TEXT NOT NULL, claimed_at REAL NOT NULL, expires_at REAL NOT NULL, PRIMARY KEY (fingerprint, tp, batch));
+"""
+V1_PROFILE_COLUMNS = ("fingerprint", "tp", "batch", "bucket", "ttft_s", "tbt_s", "input_len", "l1", "l2", "t1_s",
+                      "t2_s", "raw_t1", "raw_t2", "repeats", "spread", "runner", "host", "measured_at", "simulated",
+                      "source")
+
 
 def profile(bucket: int, **kw) -> BucketProfile:
     """A valid profile of ``bucket`` whose values round-trip exactly (``kw`` overrides fields)."""

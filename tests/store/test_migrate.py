@@ -1,4 +1,4 @@
-"""A cache (and an export) written by schema 1 keeps working: migrated on open, its profiles intact."""
+"""A cache (and an export) written by schema 1 keeps working: migrated on open (every step), its profiles intact."""
 from __future__ import annotations
 
 import json
@@ -8,28 +8,10 @@ import time
 import pandas as pd
 import pytest
 
-from storekit import FP
+from storekit import FP, V1_PROFILE_COLUMNS, V1_SQL
 
 from store import APPLICATION_ID, SCHEMA_VERSION, ProfileCache
 from store.migrate import legacy_spreads
-
-#: the tables of schema 1 as lensopt created them (store/schema.py before schema 2)
-V1_SQL = """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE units (
-    fingerprint TEXT NOT NULL, tp INTEGER NOT NULL, batch INTEGER NOT NULL, target_json TEXT NOT NULL,
-    runner TEXT NOT NULL, versions_json TEXT NOT NULL, host TEXT NOT NULL, compile_s REAL NOT NULL,
-    run_s REAL NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (fingerprint, tp, batch));
-CREATE TABLE profiles (
-    fingerprint TEXT NOT NULL, tp INTEGER NOT NULL, batch INTEGER NOT NULL, bucket INTEGER NOT NULL,
-    ttft_s REAL NOT NULL, tbt_s REAL NOT NULL, input_len INTEGER NOT NULL, l1 INTEGER NOT NULL, l2 INTEGER NOT NULL,
-    t1_s REAL NOT NULL, t2_s REAL NOT NULL, raw_t1 TEXT NOT NULL, raw_t2 TEXT NOT NULL, repeats INTEGER NOT NULL,
-    spread REAL NOT NULL, runner TEXT NOT NULL, host TEXT NOT NULL, measured_at REAL NOT NULL,
-    simulated INTEGER NOT NULL, source TEXT NOT NULL, PRIMARY KEY (fingerprint, tp, batch, bucket));
-"""
-V1_COLUMNS = ("fingerprint", "tp", "batch", "bucket", "ttft_s", "tbt_s", "input_len", "l1", "l2", "t1_s", "t2_s",
-              "raw_t1", "raw_t2", "repeats", "spread", "runner", "host", "measured_at", "simulated", "source")
-
 
 def _v1_row(bucket: int, raw1=(0.101, 0.100, 0.104), raw2=(0.352, 0.350, 0.349)) -> tuple:
     t1, t2 = sorted(raw1)[len(raw1) // 2], sorted(raw2)[len(raw2) // 2]
@@ -44,14 +26,12 @@ def _v1_cache(path, rows, *, claims: bool = True) -> None:
     con.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     con.execute("PRAGMA user_version = 1")
     con.executescript(V1_SQL)
-    if claims:
-        con.execute("CREATE TABLE claims (fingerprint TEXT NOT NULL, tp INTEGER NOT NULL, batch INTEGER NOT NULL, "
-                    "buckets TEXT NOT NULL, owner TEXT NOT NULL, claimed_at REAL NOT NULL, expires_at REAL NOT NULL, "
-                    "PRIMARY KEY (fingerprint, tp, batch))")
+    if not claims:  # schema 1 files from before claims existed
+        con.execute("DROP TABLE claims")
     con.executemany("INSERT INTO meta VALUES (?, ?)", [("schema", "1"), ("created_at", repr(time.time())),
                                                        ("lensopt_version", "0.1"), ("application", "lensopt profile cache")])
     con.execute("INSERT INTO units VALUES (?, 2, 4, '{}', 'sim', '{}', 'host-a', 10.0, 5.0, 1700000000.0)", (FP,))
-    con.executemany(f"INSERT INTO profiles ({', '.join(V1_COLUMNS)}) VALUES ({', '.join('?' * len(V1_COLUMNS))})", rows)
+    con.executemany(f"INSERT INTO profiles ({', '.join(V1_PROFILE_COLUMNS)}) VALUES ({', '.join('?' * len(V1_PROFILE_COLUMNS))})", rows)
     con.close()
 
 
@@ -71,7 +51,7 @@ def test_a_schema_1_cache_is_migrated_on_open_with_its_profiles_intact(tmp_path,
     # every value schema 1 stored is read back unchanged
     for row in rows:
         p = got[row[3]]
-        old = dict(zip(V1_COLUMNS, row))
+        old = dict(zip(V1_PROFILE_COLUMNS, row))
         assert (p.ttft_s, p.tbt_s, p.t1_s, p.t2_s, p.l1, p.l2, p.repeats, p.spread) == \
             (old["ttft_s"], old["tbt_s"], old["t1_s"], old["t2_s"], old["l1"], old["l2"], old["repeats"], old["spread"])
         assert p.raw_t1 == tuple(json.loads(old["raw_t1"])) and p.source == "simulated"
@@ -92,7 +72,7 @@ def test_a_schema_1_export_still_imports(tmp_path, cache):
     path = tmp_path / "old.sqlite"
     _v1_cache(path, [_v1_row(128)])
     con = sqlite3.connect(path)
-    df = pd.read_sql_query(f"SELECT {', '.join(V1_COLUMNS)} FROM profiles", con)
+    df = pd.read_sql_query(f"SELECT {', '.join(V1_PROFILE_COLUMNS)} FROM profiles", con)
     con.close()
     df.to_csv(tmp_path / "old.csv", index=False)
     assert cache.import_file(tmp_path / "old.csv") == {"inserted": 1, "skipped": 0, "replaced": 0}
