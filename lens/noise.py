@@ -65,8 +65,7 @@ def _pooled_excess(center: Callable[[np.ndarray], np.ndarray]) -> Estimator:
 
 
 def _class_excess(center: Callable[[np.ndarray], np.ndarray]) -> Estimator:
-  def est(xs: Sequence[np.ndarray], classes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The median of each probe, plus the expected slow-down beyond it, pooled over the probes of its class.
+    """A robust centre of each probe, plus the expected slow-down beyond it, pooled over the probes of its class.
 
     A probe's runs share their graph calls' count with the other probes of the same output
     length (one class): ``batch`` prefills and L - 1 decode steps, whatever the bucket. A
@@ -77,21 +76,23 @@ def _class_excess(center: Callable[[np.ndarray], np.ndarray]) -> Estimator:
     value -- without the mean's noise: a straggler in one of three short runs moves the
     class's excess a little, not the probe's time by a third of it.
     """
-    med = np.stack([center(x) for x in xs], axis=1)  # (draws, probes)
-    out = np.empty_like(med)
-    total_over = np.zeros(med.shape[0])
-    total_base = np.zeros(med.shape[0])
-    cls = list(classes) or list(range(len(xs)))
-    for k in set(cls):
-        idx = [i for i, c in enumerate(cls) if c == k]
-        over = sum((xs[i] - med[:, [i]]).sum(axis=1) for i in idx)
-        base = sum(med[:, i] * xs[i].shape[1] for i in idx)
-        rho = over / base
-        out[:, idx] = med[:, idx] * (1.0 + rho[:, None])
-        total_over += over
-        total_base += base
-    return out, total_over / total_base
-  return est
+    def est(xs: Sequence[np.ndarray], classes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        med = np.stack([center(x) for x in xs], axis=1)  # (draws, probes)
+        out = np.empty_like(med)
+        total_over = np.zeros(med.shape[0])
+        total_base = np.zeros(med.shape[0])
+        cls = list(classes) or list(range(len(xs)))
+        for k in set(cls):
+            idx = [i for i, c in enumerate(cls) if c == k]
+            over = sum((xs[i] - med[:, [i]]).sum(axis=1) for i in idx)
+            base = sum(med[:, i] * xs[i].shape[1] for i in idx)
+            rho = over / base
+            out[:, idx] = med[:, idx] * (1.0 + rho[:, None])
+            total_over += over
+            total_base += base
+        return out, total_over / total_base
+
+    return est
 
 
 ESTIMATORS: dict[str, Estimator] = {

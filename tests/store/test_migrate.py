@@ -78,3 +78,28 @@ def test_a_schema_1_export_still_imports(tmp_path, cache):
     assert cache.import_file(tmp_path / "old.csv") == {"inserted": 1, "skipped": 0, "replaced": 0}
     with ProfileCache.open(path, create=False) as migrated:
         assert cache.get_unit(FP, 2, 4) == migrated.get_unit(FP, 2, 4)
+
+
+def test_a_schema_2_cache_keeps_its_failures_and_its_profiles_gain_their_spreads(tmp_path):
+    """Schema 2 (schema 1 plus the failures table) takes only the last step, and keeps what it remembered."""
+    from store.schema import FAILURES_SQL
+
+    path = tmp_path / "v2.sqlite"
+    _v1_cache(path, [_v1_row(128)])
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute(FAILURES_SQL)
+    con.execute("INSERT INTO failures VALUES (?, 1, 64, 'out of device memory', 'DeviceOutOfMemory', 'h', 1.7e9)",
+                (FP,))
+    con.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")
+    con.execute("PRAGMA user_version = 2")
+    con.close()
+    with ProfileCache.open(path, create=False) as c:
+        p = c.get_unit(FP, 2, 4)[128]
+        failure = c.get_failure(FP, 1, 64)
+    assert failure is not None and failure.reason == "out of device memory" and failure.kind == "DeviceOutOfMemory"
+    e1, e2 = legacy_spreads((0.101, 0.100, 0.104), (0.352, 0.350, 0.349), l1=2, l2=64, batch=4)
+    assert (p.ttft_err_s, p.tbt_err_s) == (pytest.approx(e1), pytest.approx(e2)) and p.accepted
+    assert p.ttft_s == _v1_row(128)[4] and p.tbt_s == _v1_row(128)[5]
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    con.close()
