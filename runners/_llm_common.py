@@ -35,10 +35,17 @@ from .base import Runner
 # -- options ---------------------------------------------------------------------------------
 
 
-def parse_options(runner: str, target: Target, schema: Mapping[str, tuple[type, Any]]) -> dict[str, Any]:
-    """``[target.options]`` checked against ``schema`` (key -> (type, default)); defaults filled in."""
+def parse_options(runner: str, target: Target, schema: Mapping[str, tuple[type, Any]],
+                  moved: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``[target.options]`` checked against ``schema`` (key -> (type, default)); defaults filled in.
+
+    ``moved``: keys that are no longer options -> what to write instead (``Runner.moved_options``).
+    """
     out = {k: d for k, (_, d) in schema.items()}
     for key, value in target.options:
+        if key in (moved or {}):
+            raise UserError(f"{runner} runner: [target.options] {key} of target {target.name!r} is no longer an "
+                            f"option: {moved[key]}")
         if key not in schema:
             raise UserError(
                 f"{runner} runner: unknown option {key!r} in [target.options] of target {target.name!r}; "
@@ -396,20 +403,23 @@ class EngineRunner(Runner):
     engine_class: Any = None
     #: start every engine in a child process of its own, so closing it frees the device
     one_unit_per_process: bool = False
-    #: how the engine encodes a batch's prompts: "sequential" (one request after another,
-    #: the estimator's static composition) or "batched" (the whole batch in one step)
-    prefill: str = "sequential"
-
     def __init__(self, target: Target):
         super().__init__(target)
         check_policy(target.bucket_policy)
-        self.opts = parse_options(self.name, target, self.options_schema)
+        self.opts = parse_options(self.name, target, self.options_schema, self.moved_options)
         self._engine: Any = None
         self._engine_key: str | None = None
         self._warmed: set = set()
         self.engine_log: list[EngineRecord] = []
         #: how the TTFTs of the last run_workload were obtained (see TimedBatch.ttft_source)
         self.last_ttft_sources: tuple[str, ...] = ()
+
+    @property
+    def prefill(self) -> str:
+        """How the engine encodes a batch's prompts: the target's ``prefill`` ("sequential": one
+        request after another; "batched": the whole batch in one call), which a runner whose
+        engine cannot run it refuses when it is constructed."""
+        return self.target.prefill
 
     # -- hooks ---------------------------------------------------------------------------
     def require_sdk(self) -> None:

@@ -28,6 +28,12 @@ POLICY_WHY = {
 
 #: what each platform's scheduler does with a batch's prompts (``runners.vllm_runner``'s docstring)
 PLATFORM_PREFILL = {"gpu": "batched", "tpu": "batched", "neuron": "sequential"}
+PREFILL_WHY = {
+    "gpu": "in one scheduler step (the whole batch's prompts in one forward pass)",
+    "tpu": "in one scheduler step (the whole batch's prompts in one forward pass)",
+    "neuron": "one per scheduler step (the Neuron plugin's scheduler; NxD Inference compiles context encoding "
+              "for one request)",
+}
 
 _GPU_NAMES = ("gpu", "cuda", "nvidia", "h100", "h200", "h20", "gh200", "a100", "a10", "a30", "a40", "l4", "l40",
               "b100", "b200", "gb200", "v100", "t4", "rtx")
@@ -123,10 +129,11 @@ class VllmEngineSpec:
 
     platform: str
     llm_kwargs: Mapping[str, Any]
+    #: how the platform's scheduler encodes a batch's prompts (``PLATFORM_PREFILL``)
+    prefill: str
     env: Mapping[str, str] = field(default_factory=dict)
     key: str = ""
     notes: tuple[str, ...] = ()
-    prefill: str = "batched"
     checkpoint: RandomCheckpoint | None = None
 
 

@@ -41,6 +41,9 @@ class Runner(ABC):
     simulated: bool = False
     #: accepted ``[target.options]`` keys -> (type, default); unknown keys are an error
     options_schema: dict[str, tuple[type, Any]] = {}
+    #: ``[target.options]`` keys that became settings elsewhere -> what to write instead; the
+    #: loader says so instead of calling them unknown
+    moved_options: dict[str, str] = {}
     #: serving modes this backend runs: static batches always; "continuous" when it implements it
     modes: tuple[str, ...] = ("static",)
     #: ``[target] batching`` values this backend executes. A search predicts with the target's

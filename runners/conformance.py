@@ -12,7 +12,9 @@ Use it by subclassing in a ``test_*.py`` file of your own (pytest must be instal
 pytest collects the subclass (its name starts with ``Test``); this base class is not
 collected. Class attributes size the work (``buckets``, ``model``, ``tp``, ``batch``,
 ``max_output``, ``repeats``) so a backend that compiles for real can keep the suite fast;
-``policies`` names the bucket policies the backend is checked under. Continuous batching
+``policies`` names the bucket policies the backend is checked under, ``prefills`` the
+prefill modes (``Target.prefill``) it executes; it must refuse the others, naming the
+setting, when constructed or on first use. Continuous batching
 (docs/serving.md) is checked for a runner whose ``modes`` list it, and refused otherwise. A hardware-only
 backend marks its subclass (``pytest.mark.neuron`` ...) and skips it when the hardware is
 absent. ``make_unusable_target`` (optional) gives a target the runner must construct
@@ -33,7 +35,7 @@ import pytest
 
 from lens.errors import LensoptError, RunnerError, UserError
 from lens.probes import plan_probes, solve
-from lens.types import Candidate, ModelShape, ProfileResult, Requests, Target, Unit, WorkloadRun
+from lens.types import PREFILLS, Candidate, ModelShape, ProfileResult, Requests, Target, Unit, WorkloadRun
 from runners import Runner, get_runner, runner_class
 
 SMALL_MODEL = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256)
@@ -51,6 +53,8 @@ class RunnerConformance:
     repeats: int = 2
     #: bucket policies the backend must honour
     policies: tuple[str, ...] = ("exclusive", "inclusive")
+    #: prefill modes the backend executes (``make_target`` gives one of them)
+    prefills: tuple[str, ...] = PREFILLS
 
     # -- what a subclass provides ----------------------------------------------------------
     def make_target(self, *, model: ModelShape | None = None, policy: str = "exclusive") -> Target:
@@ -160,8 +164,8 @@ class RunnerConformance:
         assert isinstance(profiled.host, str) and profiled.host
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in profiled.versions.items())
 
-    def test_solve_gives_positive_ttft_and_tbt_for_every_bucket(self, profiled):
-        profiles = solve(profiled.runs, batch=self.batch, simulated=profiled.simulated)
+    def test_solve_gives_positive_ttft_and_tbt_for_every_bucket(self, runner, profiled):
+        profiles = solve(profiled.runs, batch=self.batch, prefill=runner.target.prefill, simulated=profiled.simulated)
         assert sorted(profiles) == sorted(self.buckets)
         for b, p in profiles.items():
             assert p.ttft_s > 0 and p.tbt_s > 0, (b, p)
@@ -175,7 +179,7 @@ class RunnerConformance:
                 probes = plan_probes(self.buckets, policy=policy, max_output=self.max_output, repeats=1)
                 res = runner.profile(Unit(target, self.tp, self.batch), probes)
                 assert [r.probe for r in res.runs] == probes
-                assert solve(res.runs, batch=self.batch).keys() == set(self.buckets)
+                assert solve(res.runs, batch=self.batch, prefill=target.prefill).keys() == set(self.buckets)
             finally:
                 runner.close()
 
@@ -188,11 +192,41 @@ class RunnerConformance:
         assert np.isfinite(ttft).all() and np.isfinite(e2e).all()
         assert (ttft > 0).all() and (e2e > 0).all()
         assert (ttft <= e2e).all()
-        for s in range(0, n, candidate.batch):  # prompts are encoded one by one within a batch
+        for s in range(0, n, candidate.batch):  # one by one or in one call, first tokens never go back in time
             assert (np.diff(ttft[s : s + candidate.batch]) >= 0).all(), ttft
         assert math.isfinite(ran.total_s) and ran.total_s >= e2e.max() * (1 - 1e-6)
         assert math.isfinite(ran.compile_s) and ran.compile_s >= 0
         assert math.isfinite(ran.run_s) and ran.run_s >= 0
+
+    def test_each_prefill_mode_runs_as_the_estimator_composes_it_or_is_refused(self, candidate, workload, plan):
+        """``sequential``: a batch's first tokens come one after another; ``batched``: all at the end
+        of one call. A mode the backend does not run is refused, naming the setting."""
+        assert self.make_target().prefill in self.prefills
+        B, n = candidate.batch, len(workload)
+        for mode in PREFILLS:
+            target = replace(self.make_target(), prefill=mode)
+            if mode not in self.prefills:
+                with pytest.raises(LensoptError, match="prefill"):
+                    runner = get_runner(target)  # refused here (a space file naming it fails to load) ...
+                    try:
+                        runner.run_workload(candidate, workload)  # ... or on first use
+                    finally:
+                        runner.close()
+                continue
+            runner = get_runner(target)
+            try:
+                ttft = np.asarray(runner.run_workload(candidate, workload).ttft_s, dtype=float)
+                res = runner.profile(Unit(target, self.tp, self.batch), plan)
+            finally:
+                runner.close()
+            for s in range(0, n, B):
+                t = ttft[s : s + B]
+                if mode == "batched":
+                    assert np.ptp(t) <= 1e-9 * t.max(), (mode, ttft)
+                else:
+                    assert (np.diff(t) >= 0).all(), (mode, ttft)
+            profiles = solve(res.runs, batch=self.batch, prefill=mode)
+            assert all(p.ttft_s > 0 and p.tbt_s > 0 for p in profiles.values()), profiles
 
     def test_a_request_longer_than_the_largest_bucket_is_named(self, runner, candidate):
         top = self.buckets[-1]
@@ -207,7 +241,7 @@ class RunnerConformance:
         assert isinstance(runner.simulated, bool)
         assert profiled.simulated == runner.simulated
         assert ran.simulated == runner.simulated
-        profiles = solve(profiled.runs, batch=self.batch, simulated=profiled.simulated)
+        profiles = solve(profiled.runs, batch=self.batch, prefill=runner.target.prefill, simulated=profiled.simulated)
         sources = {p.source for p in profiles.values()}
         assert sources == {"simulated" if runner.simulated else "measured"}
 

@@ -1,12 +1,16 @@
 """A Llama-architecture decoder in pure JAX, written for static (bucketed) shapes.
 
-Two graph builders mirror NxD Inference's compiled models:
+Three graph builders mirror NxD Inference's compiled models:
 
 - ``prefill_fn(shape, bucket, cache_len)``: context encoding of ONE request padded to
-  ``bucket`` tokens (batch 1); the valid length and the destination batch row are traced
-  scalars, so one compiled graph serves every prompt length of the bucket and every row.
-  It writes that row's K/V for positions [0, bucket) into the batch KV cache and stores
-  the greedy next token (at position ``length - 1``) into the batch token vector.
+  ``bucket`` tokens (batch 1, NxD Inference's ``ctx_batch_size = 1``); the valid length and
+  the destination batch row are traced scalars, so one compiled graph serves every prompt
+  length of the bucket and every row. It writes that row's K/V for positions [0, bucket)
+  into the batch KV cache and stores the greedy next token (at position ``length - 1``)
+  into the batch token vector.
+- ``prefill_batch_fn(shape, bucket, cache_len)``: context encoding of the WHOLE batch in
+  one call of shape (batch, bucket) (``ctx_batch_size = batch``, vLLM's batched prefill);
+  per-row lengths are traced, so padding rows (length 0) run in the shape too.
 - ``decode_fn(shape, bucket)``: one token-generation step of the whole batch; attention
   reads only the first ``bucket`` cache positions (a static slice), masked per row
   beyond that row's context.
@@ -206,6 +210,40 @@ def prefill_fn(shape: ModelShape, bucket: int, cache_len: int) -> Callable:
         last = lax.dynamic_slice_in_dim(x[0], length - 1, 1, axis=0)  # [1, H]
         nxt = jnp.argmax(_logits(last, params)[0]).astype(jnp.int32)
         return tokens.at[row].set(nxt), ck, cv
+
+    return fn
+
+
+def prefill_batch_fn(shape: ModelShape, bucket: int, cache_len: int) -> Callable:
+    """Context encoding of every row of the batch in one call of shape (batch, ``bucket``).
+
+    Signature: ``(params, cache_k, cache_v, tokens[B], prompts[B, bucket], lengths[B])
+    -> (tokens[B], cache_k, cache_v)``: row r's K/V for positions [0, bucket) go to cache row
+    r and ``tokens[r]`` becomes its greedy next token (at position ``lengths[r] - 1``; a
+    padding row of length 0 yields a token no one reads). ``tokens`` in is not read; it is
+    there so both prefill graphs take the same arguments.
+    """
+    n_write = min(bucket, cache_len)
+
+    def fn(params, ck, cv, tokens, prompts, lengths):
+        bsz = prompts.shape[0]
+        pos = jnp.broadcast_to(jnp.arange(bucket, dtype=jnp.int32)[None, :], (bsz, bucket))
+        mask = jnp.broadcast_to((pos[0][:, None] >= pos[0][None, :])[None], (bsz, bucket, bucket))  # causal
+        x = params["embed"][prompts]  # [B, b, H]
+        zero = jnp.zeros((), jnp.int32)
+        for li, p in enumerate(params["layers"]):
+            h = rms_norm(x, p["attn_norm"])
+            q, k, v = _qkv(h, p)
+            q, k = rope(q, pos), rope(k, pos)
+            start = (jnp.int32(li), zero, zero, zero, zero)
+            ck = lax.dynamic_update_slice(ck, k[None, :, :n_write].astype(ck.dtype), start)
+            cv = lax.dynamic_update_slice(cv, v[None, :, :n_write].astype(cv.dtype), start)
+            a = _attend(q, k, v, mask)
+            x = x + jnp.einsum("btnd,ndh->bth", a, p["wo"])
+            x = x + mlp(rms_norm(x, p["mlp_norm"]), p)
+        last = jnp.maximum(lengths - 1, 0).astype(jnp.int32)
+        h_last = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]  # [B, H]
+        return jnp.argmax(_logits(h_last, params), axis=-1).astype(jnp.int32), ck, cv
 
     return fn
 

@@ -1,9 +1,10 @@
 """The ``jax`` runner: real execution through XLA (the local CPU here, TPU on TPU hosts).
 
 Static shapes per bucket, like NxD Inference: one prefill graph per context-encoding
-bucket (batch 1, padded prompt, traced length and destination row) and one decode graph
-per token-generation bucket (the whole batch as one shape, attention over the first b
-cache positions).  Graphs are compiled ahead of time once per (tp, batch) unit and kept
+bucket (batch 1, padded prompt, traced length and destination row; or, with the target's
+``prefill = "batched"``, the whole batch of padded prompts in one call) and one decode
+graph per token-generation bucket (the whole batch as one shape, attention over the first
+b cache positions).  Graphs are compiled ahead of time once per (tp, batch) unit and kept
 for the life of the runner; the KV cache is allocated once per unit and donated to every
 call so it is updated in place.  The cache holds as many positions as the largest
 token-generation bucket seen (or the ``cache_len`` option); a call with a larger bucket
@@ -12,14 +13,13 @@ or set ``cache_len``.
 
 Generation semantics (the estimator composes the same machine): a request (l_in, l_out)
 produces exactly l_out greedy tokens, the first from its prefill, then l_out - 1 decode
-steps; step k has context l_in + k.  In a static batch the prompts are encoded one after
-the other, then the batch decodes together; the bucket of step k is
-sel(max l_in_i + k over the requests still generating at step k).  Finished rows and empty
-rows ride along as padding and never choose the bucket.
+steps; step k has context l_in + k.  A static batch's prompts are encoded one after the
+other, or in one call (``runners.jax_batch``), then the batch decodes together; the bucket
+of step k is sel(max l_in_i + k over the requests still generating at step k).  Finished
+rows and empty rows ride along as padding and never choose the bucket.
 """
 from __future__ import annotations
 
-import gc
 import os
 import platform
 import time
@@ -54,6 +54,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from . import jax_model as jm  # noqa: E402
+from .jax_batch import PREFILL_GRAPH, decode_buckets, execute, prepare, warm  # noqa: E402,F401 (decode_buckets: public here)
 from .jax_serving import serve  # noqa: E402
 
 
@@ -66,32 +67,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def decode_buckets(input_len, output_len, tkg_buckets: Sequence[int], policy: str) -> np.ndarray:
-    """The token-generation bucket of every decode step of one static batch.
-
-    Step k (1 <= k < max output_len) runs in sel(max l_in_i + k over the requests with
-    k <= output_len_i - 1): requests that have finished, like empty rows, ride along as
-    padding and do not choose the bucket.  Returns an int array of length
-    ``max(output_len) - 1``; ``UserError`` if a step's context fits no bucket.
-    """
-    l_in = np.asarray(input_len, np.int64)
-    last = np.asarray(output_len, np.int64) - 1
-    kmax = int(last.max()) if last.size else 0
-    if kmax <= 0:
-        return np.zeros(0, np.int64)
-    k = np.arange(1, kmax + 1)
-    live = k[:, None] <= last[None, :]  # [K, n]
-    cmax = np.where(live, l_in[None, :] + k[:, None], 0).max(axis=1)
-    idx = select_index(cmax, tkg_buckets, policy)
-    if (idx < 0).any():
-        bad = int(np.argmax(idx < 0))
-        raise UserError(
-            f"decode step {bad + 1} reaches context {int(cmax[bad])}, which fits no token-generation bucket "
-            f"{list(tkg_buckets)} under the {policy} policy"
-        )
-    return np.asarray(tkg_buckets, np.int64)[idx]
 
 
 @dataclass
@@ -118,19 +93,6 @@ class _UnitState:
     step1: Any
     graphs: dict[tuple[str, int], Any] = field(default_factory=dict)
     compile_s: dict[tuple[str, int], float] = field(default_factory=dict)
-
-
-@dataclass
-class _Batch:
-    """One static batch, prepared on the device before its clock starts."""
-
-    prefills: list  # (graph, prompt, length, row) per real request, in order
-    steps: list  # (graph, request indices finishing at this step) per decode step
-    l_in: Any
-    last_step: Any
-    n: int  # real requests
-    out_len: np.ndarray
-    graph_set: tuple  # (prefill buckets, decode buckets) this batch executes
 
 
 class JaxRunner(Runner):
@@ -266,11 +228,15 @@ class JaxRunner(Runner):
             fn = jm.prefill_fn(t.model, bucket, st.cache_len)
             args = (params, cache, cache, i32(st.batch), i32(1, bucket), i32(), i32())
             outs = (rep, csh, csh)
+        elif kind == "prefill-batched":
+            fn = jm.prefill_batch_fn(t.model, bucket, st.cache_len)
+            args = (params, cache, cache, i32(st.batch), i32(st.batch, bucket), i32(st.batch))
+            outs = (rep, csh, csh)
         else:
             fn = jm.decode_fn(t.model, bucket)
             args = (params, cache, cache, i32(st.batch), i32(st.batch), i32(st.batch), i32())
             outs = (rep, csh, csh, rep)
-        ins = (ts.param_sh, csh, csh, rep, rep, rep, rep)
+        ins = (ts.param_sh, csh, csh) + (rep,) * (len(args) - 3)
         try:
             compiled = jax.jit(fn, in_shardings=ins, out_shardings=outs, donate_argnums=(1, 2)).lower(*args).compile()
         except Exception as exc:  # an XLA failure is a runner failure, with its cause chained
@@ -290,111 +256,23 @@ class JaxRunner(Runner):
         t0 = time.perf_counter()
         st = self._unit_state(tp, batch, need)  # weights and cache: counted with compiling
         setup = time.perf_counter() - t0
-        comp = sum(self._graph(st, "prefill", b) for b in ctx) + sum(self._graph(st, "decode", b) for b in tkg)
+        pre = PREFILL_GRAPH[self.target.prefill]
+        comp = sum(self._graph(st, pre, b) for b in ctx) + sum(self._graph(st, "decode", b) for b in tkg)
         return st, setup + comp
 
-    # -- one static batch -------------------------------------------------------------------
+    # -- one static batch (runners.jax_batch) ------------------------------------------------
     def _prepare(self, st: _UnitState, prompts: Sequence[np.ndarray], out_len: Sequence[int],
-                 ctx: Sequence[int], tkg: Sequence[int]) -> _Batch:
-        """Device inputs and the step plan of one batch (validated by the caller)."""
+                 ctx: Sequence[int], tkg: Sequence[int]):
         ts = self._tp_state(st.tp)
-        pol = self.target.bucket_policy
-        n = len(prompts)
-        l_in = np.array([len(p) for p in prompts], np.int64)
-        lo = np.asarray(out_len, np.int64)
-        prefills = []
-        pre_b: list[int] = []
-        for r, p in enumerate(prompts):
-            b = select(len(p), ctx, pol)
-            pre_b.append(b)
-            padded = np.zeros((1, b), np.int32)
-            padded[0, : len(p)] = p
-            prefills.append((
-                st.graphs[("prefill", b)],
-                jax.device_put(padded, ts.repl),
-                jax.device_put(np.int32(len(p)), ts.repl),
-                jax.device_put(np.int32(r), ts.repl),
-            ))
-        last = lo - 1  # decode steps per request
-        dec_b = decode_buckets(l_in, lo, tkg, pol).tolist()
-        steps = []
-        for j, b in enumerate(dec_b):
-            fin = np.nonzero(last == j + 1)[0]
-            steps.append((st.graphs[("decode", b)], fin if len(fin) else None))
-        pad_l = np.ones(st.batch, np.int32)
-        pad_l[:n] = l_in
-        pad_last = np.zeros(st.batch, np.int32)  # empty rows never generate
-        pad_last[:n] = last
-        return _Batch(prefills, steps, jax.device_put(pad_l, ts.repl), jax.device_put(pad_last, ts.repl), n, lo,
-                      (tuple(sorted(set(pre_b))), tuple(sorted(set(dec_b)))))
+        return prepare(st, lambda a: jax.device_put(a, ts.repl), prompts, out_len, ctx, tkg,
+                       policy=self.target.bucket_policy, prefill=self.target.prefill)
 
-    def _run(self, st: _UnitState, bt: _Batch, *, record: bool = False):
-        """Execute one prepared batch; returns (ttft, e2e, wall seconds, tokens or None).
-
-        Synchronises only after each prefill (TTFT) and at steps where a request ends.
-        """
-        params = self._tp_state(st.tp).params
-        ttft = np.zeros(bt.n)
-        e2e = np.zeros(bt.n)
-        outs = [] if record else None
-        tok = st.tokens0
-        ck, cv = st.ck, st.cv
-        st.ck = st.cv = None  # donated below; never reuse a donated buffer
-        gc_was_on = gc.isenabled()
-        gc.disable()  # a collection inside the timed loop is host noise, not device time
-        t0 = time.perf_counter()
-        try:
-            for r, (g, prompt, length, row) in enumerate(bt.prefills):
-                tok, ck, cv = g(params, ck, cv, tok, prompt, length, row)
-                tok.block_until_ready()
-                ttft[r] = time.perf_counter() - t0
-                if record:
-                    outs.append(tok)
-            e2e[:] = ttft
-            step = st.step1
-            for g, fin in bt.steps:
-                tok, ck, cv, step = g(params, ck, cv, tok, bt.l_in, bt.last_step, step)
-                if record:
-                    outs.append(tok)
-                if fin is not None:
-                    tok.block_until_ready()
-                    e2e[fin] = time.perf_counter() - t0
-            wall = time.perf_counter() - t0
-        finally:
-            st.ck, st.cv = ck, cv
-            if gc_was_on:
-                gc.enable()
-        tokens = None
-        if record:
-            host = [np.asarray(o) for o in outs]
-            tokens = []
-            for r in range(bt.n):
-                seq = [int(host[r][r])] + [int(host[bt.n + j][r]) for j in range(int(bt.out_len[r]) - 1)]
-                tokens.append(np.asarray(seq, np.int64))
-        return ttft, e2e, wall, tokens
+    def _run(self, st: _UnitState, bt, *, record: bool = False):
+        return execute(st, self._tp_state(st.tp).params, bt, record=record)
 
     def _warm_graphs(self, st: _UnitState, ctx: Sequence[int], tkg: Sequence[int], times: int) -> None:
-        """Execute every listed graph ``times`` times on dummy inputs (results discarded)."""
-        if times <= 0:
-            return
         ts = self._tp_state(st.tp)
-        params = ts.params
-        one = jax.device_put(np.int32(1), ts.repl)
-        zero = jax.device_put(np.int32(0), ts.repl)
-        ones = jax.device_put(np.ones(st.batch, np.int32), ts.repl)
-        ck, cv = st.ck, st.cv
-        st.ck = st.cv = None
-        tok = st.tokens0
-        try:
-            for _ in range(times):
-                for b in ctx:
-                    prompt = jax.device_put(np.zeros((1, b), np.int32), ts.repl)
-                    tok, ck, cv = st.graphs[("prefill", b)](params, ck, cv, tok, prompt, one, zero)
-                for b in tkg:
-                    tok, ck, cv, _ = st.graphs[("decode", b)](params, ck, cv, tok, ones, ones, st.step1)
-            jax.block_until_ready((tok, ck, cv))
-        finally:
-            st.ck, st.cv = ck, cv
+        warm(st, ts.params, lambda a: jax.device_put(a, ts.repl), ctx, tkg, times, prefill=self.target.prefill)
 
     # -- validation -------------------------------------------------------------------------
     def _check_request(self, what: str, l_in: int, l_out: int, ctx: Sequence[int], tkg: Sequence[int]) -> None:
@@ -478,6 +356,8 @@ class JaxRunner(Runner):
     def run_workload(self, candidate: Candidate, requests: Requests, *, mode: str = "static") -> WorkloadRun:
         """Run ``requests`` in static batches of ``candidate.batch``, or served by continuous batching."""
         self.check_mode(mode, requests)
+        if mode == "continuous":
+            self._check_serving_prefill()
         ctx = validate_buckets(candidate.ctx_buckets, what="ctx_buckets")
         tkg = validate_buckets(candidate.tkg_buckets, what="tkg_buckets")
         self.check_unit(Unit(self.target, candidate.tp, candidate.batch))
@@ -507,6 +387,14 @@ class JaxRunner(Runner):
         run_s += total
         return WorkloadRun(ttft_s=ttft, e2e_s=e2e, total_s=total, compile_s=compile_s, run_s=run_s,
                            host=self.host(), simulated=False)
+
+    def _check_serving_prefill(self) -> None:
+        if self.target.prefill != "sequential":
+            raise UserError(
+                f"jax runner: continuous batching here prefills one admitted prompt per call (runners.jax_serving); "
+                f"[target] prefill = \"{self.target.prefill}\" runs static batches only: set prefill = \"sequential\" "
+                f"for continuous mode"
+            )
 
     def _serve(self, st: _UnitState, requests: Requests, ctx, tkg, *, compile_s: float, run_s: float,
                record: bool = False, prompts: Sequence[np.ndarray] | None = None):
@@ -552,6 +440,7 @@ class JaxRunner(Runner):
                      prompts: Sequence[Sequence[int]], output_len: Sequence[int], arrival_s: Sequence[float]):
         """Continuous batching of the given prompts, recording every request's greedy tokens (for
         checking the slot machinery: a request's tokens must not depend on its neighbours)."""
+        self._check_serving_prefill()
         ctx = validate_buckets(ctx_buckets, what="ctx_buckets")
         tkg = validate_buckets(tkg_buckets, what="tkg_buckets")
         self.check_unit(Unit(self.target, tp, batch))

@@ -3,10 +3,11 @@
 One compiled unit per (tp, batch, bucket sets): ``NeuronConfig(tp_degree=tp,
 batch_size=batch, seq_len=<largest bucket>, max_context_length=<largest context bucket>,
 enable_bucketing=True, context_encoding_buckets=..., token_generation_buckets=...)``,
-right padding, greedy on-device sampling.  Prompts are encoded one request at a time
-(``ctx_batch_size=1`` with ``is_continuous_batching`` so each prompt fills its own KV
-row, in its own context bucket), as the estimator composes them; ``batched_prefill =
-true`` compiles the context encoding for the whole batch instead.
+right padding, greedy on-device sampling.  The target's ``prefill`` sets how prompts are
+encoded: ``sequential`` one request at a time (``ctx_batch_size=1`` with
+``is_continuous_batching`` so each prompt fills its own KV row, in its own context
+bucket), ``batched`` the whole batch in one call (``ctx_batch_size = batch``), as the
+estimator composes each.
 
 Compiled units live in ``<artifacts_dir>/<fingerprint>/tp<tp>_b<batch>_<config hash>``
 (``artifacts_dir`` defaults to ``~/.cache/lensopt/neuron``).  A folder that holds a
@@ -177,7 +178,7 @@ def deploy_config(target: Target, opts: Mapping[str, Any], candidate: Candidate)
     """The ``neuron_config`` of a candidate, as NxD Inference's ``NeuronConfig`` takes it."""
     return neuron_config_kwargs(
         tp=candidate.tp, batch=candidate.batch, ctx=candidate.ctx_buckets, tkg=candidate.tkg_buckets,
-        dtype=target.dtype, batched_prefill=bool(opts.get("batched_prefill", False)),
+        dtype=target.dtype, batched_prefill=target.prefill == "batched",
         on_device_sampling=bool(opts.get("on_device_sampling", True)),
     )
 
@@ -297,9 +298,10 @@ class NeuronRunner(EngineRunner):
         "family": (str, "llama"),  # NxD Inference model family: llama | qwen2 | qwen3
         "artifacts_dir": (str, ""),  # compiled units (default ~/.cache/lensopt/neuron)
         "warmup": (int, 1),  # untimed runs before the first timed one of each bucket / workload
-        "batched_prefill": (bool, False),  # true: encode the prompts of a batch in one call
         "on_device_sampling": (bool, True),  # greedy sampling on the NeuronCores
     }
+    moved_options = {"batched_prefill": 'write prefill = "batched" (true) or "sequential" (false) under [target] '
+                                        '(the estimator reads it there too)'}
 
     def __init__(self, target: Target):
         super().__init__(target)
@@ -323,7 +325,6 @@ class NeuronRunner(EngineRunner):
             raise UserError("neuron runner: random_weights writes a Llama checkpoint: use family = \"llama\"")
         if target.dtype not in _DTYPES:
             raise UserError(f"neuron runner: dtype {target.dtype!r} is not supported: use one of {', '.join(_DTYPES)}")
-        self.prefill = "batched" if self.opts["batched_prefill"] else "sequential"
         self._versions: dict[str, str] | None = None
 
     # -- identity --------------------------------------------------------------------------
@@ -337,7 +338,10 @@ class NeuronRunner(EngineRunner):
 
     def fingerprint_fields(self) -> dict[str, Any]:
         fields = super().fingerprint_fields()
-        fields["neuron_options"] = stable_hash({k: v for k, v in self.opts.items() if k != "artifacts_dir"})
+        opts = {k: v for k, v in self.opts.items() if k != "artifacts_dir"}
+        # the prefill was the option batched_prefill once: the digest keeps it, so a unit keeps its fingerprint
+        opts["batched_prefill"] = self.prefill == "batched"
+        fields["neuron_options"] = stable_hash(opts)
         return fields
 
     def artifacts_root(self) -> Path:
@@ -354,7 +358,7 @@ class NeuronRunner(EngineRunner):
     def engine_spec(self, tp: int, batch: int, ctx: Sequence[int], tkg: Sequence[int]) -> NeuronUnitSpec:
         t = self.target
         nc = neuron_config_kwargs(tp=tp, batch=batch, ctx=ctx, tkg=tkg, dtype=t.dtype,
-                                  batched_prefill=self.opts["batched_prefill"],
+                                  batched_prefill=self.prefill == "batched",
                                   on_device_sampling=self.opts["on_device_sampling"])
         ckpt = self.checkpoint_dir()
         ident = {"neuron_config": nc, "family": self.opts["family"], "checkpoint": str(ckpt)}

@@ -21,16 +21,13 @@ at least batch x the largest context bucket, so a batch's prompts are never spli
 steps.  On the gpu and tpu platforms a batch whose first tokens still come out of more
 than one step fails with ``RunnerError`` instead of being measured.
 
-**Prefill mode** (``VllmRunner.prefill``): ``"batched"`` on gpu and tpu (one step encodes
-every prompt of the batch, then the batch decodes); ``"sequential"`` on neuron (the
-vLLM Neuron plugin's scheduler encodes one prompt per step, ahead of any decode, as NxD
-Inference compiles its context encoding for one request).  What LENS predicts there:
-with the estimator's sequential composition the probes' TTFT_b is the batch's prefill
-divided by the batch size, so E2E (every request waits for the whole prefill) and
-throughput are predicted as measured, but request i's TTFT is predicted as the prefills
-of requests 0..i while vLLM gives every request of a batch its first token at once.
-Per-request TTFT matches only when the estimator composes batched prefill (the target's
-``prefill = "batched"`` setting of the estimator's machine model).
+**Prefill mode**: ``"batched"`` on gpu and tpu (one step encodes every prompt of the batch,
+then the batch decodes); ``"sequential"`` on neuron (the vLLM Neuron plugin's scheduler
+encodes one prompt per step, ahead of any decode, as NxD Inference compiles its context
+encoding for one request).  The target's ``prefill`` must say what the platform does, so
+the probes are solved and composed the way vLLM runs them (every request of a batch gets
+its first token at the end of the batch's prefill); a target that says otherwise is
+refused when the runner is constructed (so when its space file is loaded).
 
 What "bucket" means per platform (``[target.options] platform``, default from
 ``target.hardware``):
@@ -91,6 +88,7 @@ from ._vllm_spec import (
     CUDA_GRAPH_MODES,
     PLATFORM_POLICY,
     PLATFORM_PREFILL,
+    PREFILL_WHY,
     PLATFORMS,
     POLICY_WHY,
     RandomCheckpoint,
@@ -290,7 +288,12 @@ class VllmRunner(EngineRunner):
                 f"selects buckets by the {want} policy ({POLICY_WHY[self.platform]}): set bucket_policy = \"{want}\""
             )
         check_model_option(target, self.platform, self.opts)
-        self.prefill = PLATFORM_PREFILL[self.platform]
+        want = PLATFORM_PREFILL[self.platform]
+        if target.prefill != want:
+            raise UserError(
+                f"vllm runner: [target] prefill = \"{target.prefill}\", but vLLM on the {self.platform} platform encodes "
+                f"a batch's prompts {PREFILL_WHY[self.platform]}: set prefill = \"{want}\" under [target]"
+            )
         self._versions: dict[str, str] | None = None
 
     # -- identity --------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def estimate_run(
 
     sp = space if isinstance(space, Space) else load_space(space)
     t = sp.target
-    prior = AmaliPrior.for_hardware(t.model, t.dtype, t.hardware)
+    prior = AmaliPrior.for_hardware(t.model, t.dtype, t.hardware, t.prefill)
     if prior is None:
         from lens.amali import known_gpus
 

@@ -10,6 +10,10 @@ never put on the final front on a prior.  Two priors:
   (weights + batch * KV(b)) / tp, over the same for the measured unit.
 - ``AmaliPrior`` (GPU targets): the analytical model of ``lens.amali`` when the target's
   hardware is a GPU it knows; needs no measurement at all.
+
+With the target's ``prefill = "batched"`` TTFT_b is one call of the whole batch: both
+priors work with its share per row (TTFT_b / batch, the prefill of one prompt), then
+multiply by the unit's batch.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from lens.types import DTYPE_BYTES, BucketProfile, ModelShape
+from lens.types import DTYPE_BYTES, PREFILLS, BucketProfile, ModelShape
 
 
 def weight_bytes(model: ModelShape, dtype: str) -> float:
@@ -49,8 +53,12 @@ class ScalingPrior:
     TP_RANGE = (-1.2, 0.3)
     BYTES_RANGE = (0.0, 1.5)
 
-    def __init__(self, model: ModelShape, dtype: str):
-        self.model, self.dtype = model, dtype
+    def __init__(self, model: ModelShape, dtype: str, prefill: str = PREFILLS[0]):
+        self.model, self.dtype, self.prefill = model, dtype, prefill
+
+    def _rows(self, batch: int) -> int:
+        """Prompts one TTFT_b encodes: the whole batch in one call when batched, else one."""
+        return batch if self.prefill == "batched" else 1
 
     def _bytes(self, batch: int, bucket: int) -> float:
         return weight_bytes(self.model, self.dtype) + batch * kv_bytes(self.model, self.dtype, bucket)
@@ -68,7 +76,7 @@ class ScalingPrior:
         ltp = np.log([r[0] for r in rows])
         if len({r[0] for r in rows}) >= 2:
             X = np.column_stack([onehot, ltp])
-            coef, *_ = np.linalg.lstsq(X, np.log([r[3].ttft_s for r in rows]), rcond=None)
+            coef, *_ = np.linalg.lstsq(X, np.log([r[3].ttft_s / self._rows(r[1]) for r in rows]), rcond=None)
             a = float(np.clip(coef[-1], *self.TP_RANGE))
         cols = [onehot]
         if len({r[0] for r in rows}) >= 2:
@@ -101,7 +109,8 @@ class ScalingPrior:
             r_tp = tp / tp0
             r_bytes = self._bytes(batch, b) / self._bytes(b0, b)
             out[b] = dataclasses.replace(
-                p, ttft_s=p.ttft_s * r_tp ** a, tbt_s=p.tbt_s * r_tp ** c * r_bytes ** d,
+                p, ttft_s=p.ttft_s / self._rows(b0) * r_tp ** a * self._rows(batch),
+                tbt_s=p.tbt_s * r_tp ** c * r_bytes ** d,
                 source=self.name, repeats=0, raw_t1=(), raw_t2=(),
             )
         return out
@@ -110,11 +119,12 @@ class ScalingPrior:
 class AmaliPrior:
     name = "estimate:amali"
 
-    def __init__(self, model: ModelShape, dtype: str, gpu: str):
-        self.model, self.dtype, self.gpu = model, dtype, gpu
+    def __init__(self, model: ModelShape, dtype: str, gpu: str, prefill: str = PREFILLS[0]):
+        self.model, self.dtype, self.gpu, self.prefill = model, dtype, gpu, prefill
 
     @staticmethod
-    def for_hardware(model: ModelShape, dtype: str, hardware: str) -> "AmaliPrior | None":
+    def for_hardware(model: ModelShape, dtype: str, hardware: str,
+                     prefill: str = PREFILLS[0]) -> "AmaliPrior | None":
         try:
             from lens.amali import gpu_spec
         except ImportError:
@@ -123,9 +133,12 @@ class AmaliPrior:
             gpu_spec(hardware)
         except Exception:
             return None
-        return AmaliPrior(model, dtype, hardware)
+        return AmaliPrior(model, dtype, hardware, prefill)
 
     def estimate(self, tp: int, batch: int, buckets: Sequence[int], measured=None) -> dict[int, BucketProfile]:
         from lens.amali import estimate_unit
 
-        return estimate_unit(model=self.model, gpu=self.gpu, tp=tp, batch=batch, buckets=list(buckets), dtype=self.dtype)
+        out = estimate_unit(model=self.model, gpu=self.gpu, tp=tp, batch=batch, buckets=list(buckets), dtype=self.dtype)
+        if self.prefill == "batched":  # the model encodes one prompt; a call of the batch costs, at most, batch of them
+            out = {b: dataclasses.replace(p, ttft_s=p.ttft_s * batch) for b, p in out.items()}
+        return out

@@ -260,10 +260,10 @@ class _Search:
             self.ev.set_failed(unit, why)
         for unit in self._units():
             self.profiler.adopt(unit)
-        amali = AmaliPrior.for_hardware(sp.target.model, sp.target.dtype, sp.target.hardware)
+        amali = AmaliPrior.for_hardware(sp.target.model, sp.target.dtype, sp.target.hardware, sp.target.prefill)
         if amali is not None:
             self.ev.priors.append(amali)
-        self.ev.priors.append(ScalingPrior(sp.target.model, sp.target.dtype))
+        self.ev.priors.append(ScalingPrior(sp.target.model, sp.target.dtype, sp.target.prefill))
         self.log(f"{sp.target.name}: runner {sp.target.runner} on {sp.target.hardware}"
                  f"{' (SIMULATED)' if self.runner.simulated else ''}, fingerprint {ledger.fingerprint}; "
                  f"{len(self.reqs)} requests ({ledger.workload.source}); "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import tomllib
 from pathlib import Path
@@ -175,6 +176,8 @@ def _target(path: Path, data) -> Target:
         s.fail(cls.refuses_batching(target))
     options_schema = cls.options_schema if cls is not None else None
     if options_schema is not None:
+        for k in sorted(set(options) & set(cls.moved_options)):
+            s.fail(f"target.options.{k} = {json.dumps(options[k])} is no longer an option: {cls.moved_options[k]}")
         o = _Section(path, "target.options", options, set(options_schema))
         for k, (typ, default) in options_schema.items():
             o.get(k, typ, default)

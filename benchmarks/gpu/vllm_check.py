@@ -21,9 +21,9 @@ Run on a machine with an NVIDIA GPU and vLLM installed, from the repository root
     python3 benchmarks/gpu/vllm_check.py --write-model-dir models/llama-1b-random   # only write config.json
 
 A GPU's latency is not a staircase of compiled buckets: LENS's per-bucket profile is a
-piecewise-constant approximation there, and vLLM prefills a batch's prompts together, so
-the measured TTFT of every request of a batch is about the batch's prefill (the estimator
-gives request i the prefills of requests 0..i).  E2E is the number to read.
+piecewise-constant approximation there. vLLM prefills a batch's prompts together, and the
+target says so (``prefill = "batched"``): the estimator gives every request of a batch its
+first token at the end of one prefill call in the bucket of the batch's longest prompt.
 """
 from __future__ import annotations
 
@@ -103,8 +103,9 @@ def make_target(model_dir: str, *, hardware: str = "gpu", dtype: str = "bfloat16
         "gpu_memory_utilization": float(gpu_memory_utilization),
         "warmup": int(warmup),
     }
+    # vLLM on a GPU encodes a batch's prompts in one step: the estimator composes it so
     return Target(name="vllm-gpu-check", runner="vllm", hardware=hardware, bucket_policy=policy, dtype=dtype,
-                  model=shape, options=tuple(sorted(opts.items())), seed=seed)
+                  model=shape, options=tuple(sorted(opts.items())), seed=seed, prefill="batched")
 
 
 def held_out_requests(rng: np.random.Generator, buckets: Sequence[int], policy: str, n: int, *,
@@ -243,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "input_len": p.input_len, "l1": p.l1, "l2": p.l2, "t1_s": p.t1_s, "t2_s": p.t2_s,
                                   "spread": p.spread})
             cand = Candidate(tp=tp, batch=b, ctx_buckets=buckets, tkg_buckets=buckets)
-            table = UnitTable.build(cand, m.profiles, policy=args.policy)
+            table = UnitTable.build(cand, m.profiles, policy=args.policy, prefill=target.prefill)
             req = held_out_requests(rng, buckets, args.policy, args.batches * b, max_output=args.held_out_output,
                                     avoid=avoid)
             preds = {mode: predict(table, req, mode=mode) for mode in BATCHING}

@@ -205,6 +205,9 @@ def _target(req):
         raise ToyError("the request has no target with a model")
     for k in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab"):
         _int(t["model"], k, "target.model.")
+    if t.get("prefill", "sequential") != "sequential":  # a device refuses what it does not run
+        raise ToyError("target.prefill = %r: toy-npu encodes a batch's prompts one at a time; "
+                       "set prefill = \"sequential\" under [target]" % (t.get("prefill"),))
     return t
 
 

@@ -17,8 +17,9 @@ One concern per module:
 - ``host``: the host's costs per graph call, per live row and per generate call, rare
   stalls, slow drift of its speed, and the clock that drives the drift;
 - ``select``: the machine's own bucket selection (exclusive and inclusive policies);
-- ``machine``: one generate call step by step (sequential or batched prefill, static
-  decode with finished rows riding along, cache copies when the bucket changes);
+- ``machine``: one generate call step by step (sequential or batched prefill, as the
+  target's ``prefill`` says; static decode with finished rows riding along, cache copies
+  when the bucket changes);
 - ``options``: every ``[target.options]`` setting, declared once;
 - ``runner``: ``SimRunner``, the runner interface over all of it.
 

@@ -43,9 +43,12 @@ class CallTimes:
 
 
 def generate(graphs: UnitGraphs, host: Host, opts: SimOptions, *, input_len: np.ndarray, output_len: np.ndarray,
-             ctx_buckets: tuple[int, ...], tkg_buckets: tuple[int, ...], policy: str, key: tuple,
+             ctx_buckets: tuple[int, ...], tkg_buckets: tuple[int, ...], policy: str, prefill: str, key: tuple,
              clock_s: float) -> CallTimes:
-    """Run one static batch; lengths must already fit the buckets (the runner checks them)."""
+    """Run one static batch; lengths must already fit the buckets (the runner checks them).
+
+    ``prefill`` is the stack's (the target's): "sequential" or "batched".
+    """
     lin = np.asarray(input_len, np.int64)
     lout = np.asarray(output_len, np.int64)
     n, rows = len(lin), graphs.batch
@@ -53,7 +56,7 @@ def generate(graphs: UnitGraphs, host: Host, opts: SimOptions, *, input_len: np.
     tkg = np.asarray(tkg_buckets, np.int64)
 
     # -- prefill: device and host seconds of each prefill call
-    if opts.prefill == "batched":
+    if prefill == "batched":
         b = int(ctx[bucket_index([int(lin.max())], ctx, policy)[0]])
         padded = np.concatenate([lin, np.zeros(rows - n, np.int64)])
         pre_dev = np.array([graphs.batched_prefill_s(padded, b)])
@@ -86,7 +89,7 @@ def generate(graphs: UnitGraphs, host: Host, opts: SimOptions, *, input_len: np.
     end = np.cumsum((dev + hst * host.speed_factor(at)) * stall) * noise
 
     pre_end = end[1 : 1 + len(pre_dev)]
-    ttft = np.full(n, pre_end[-1]) if opts.prefill == "batched" else pre_end
+    ttft = np.full(n, pre_end[-1]) if prefill == "batched" else pre_end
     dec_end = end[1 + len(pre_dev):]
     e2e = np.where(lout > 1, dec_end[np.maximum(lout - 2, 0)] if steps else ttft, ttft)
     return CallTimes(ttft_s=ttft, e2e_s=e2e, total_s=float(end[-1]))

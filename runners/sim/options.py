@@ -15,7 +15,6 @@ from typing import Any
 
 from lens.errors import UserError
 
-PREFILL_MODES = ("sequential", "batched")
 CLOCKS = ("simulated", "wall")
 
 
@@ -39,8 +38,6 @@ class SimOptions:
     launch: bool = _opt(True, "host work per generate call (tokenize, pad, upload, sampling set-up)")
     stragglers: bool = _opt(True, "rare host stalls: a graph call now and then takes several times as long")
     drift: bool = _opt(True, "host speed drifts slowly over minutes (deterministic for a seed)")
-    prefill: str = _opt("sequential", "prompts of a batch encoded one at a time (NxD default) or in one call (NxD "
-                        "ctx_batch_size, vLLM)", choices=PREFILL_MODES)
     # -- sizes of the effects ---------------------------------------------------------------
     host_overhead_s: float = _opt(0.0008, "host seconds per graph call (prefill, decode step, cache copy)")
     row_overhead_s: float = _opt(2e-5, "host seconds per live row per decode step (with row_host)")
@@ -55,6 +52,10 @@ class SimOptions:
     # and overlap tasks; it never enters the simulated times
     wall_delay_s: float = _opt(0.0, "real seconds slept per call (for scheduling tests; never in simulated times)")
 
+
+#: options that moved out of [target.options]: name -> what to write instead. The stack's prefill
+#: is the target's (``Target.prefill``), so the simulated device and the estimator read one setting.
+MOVED = {"prefill": 'write prefill = "sequential" or "batched" under [target] (the estimator reads it there too)'}
 
 #: the switchable effects (boolean options), in the order tables list them
 EFFECTS: tuple[str, ...] = ("context_attention", "kv_relayout", "row_host", "launch", "stragglers", "drift")
@@ -82,6 +83,9 @@ def parse(options: tuple[tuple[str, Any], ...], *, target_name: str) -> SimOptio
     """``target.options`` checked against ``SimOptions``: unknown names, types, bounds and choices."""
     values: dict[str, Any] = {}
     for key, value in options:
+        if key in MOVED:
+            raise UserError(f"sim runner: option {key!r} in [target.options] of target {target_name!r} is no longer "
+                            f"an option: {MOVED[key]}")
         if key not in _FIELDS:
             raise UserError(
                 f"sim runner: unknown option {key!r} in [target.options] of target {target_name!r}; "

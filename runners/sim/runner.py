@@ -24,7 +24,7 @@ from .devices import USABLE_MEMORY, device_spec, dtype_bytes, memory_need_bytes
 from .host import Host, SimClock
 from .kernels import UnitGraphs
 from .machine import generate
-from .options import OPTIONS_SCHEMA, SimOptions, parse
+from .options import MOVED, OPTIONS_SCHEMA, SimOptions, parse
 from .select import bucket_index, check_buckets, check_policy
 from .stacks import STACKS
 
@@ -37,6 +37,7 @@ class SimRunner(Runner):
     name = "sim"
     simulated = True
     options_schema: dict[str, tuple[type, Any]] = OPTIONS_SCHEMA
+    moved_options = MOVED
 
     def __init__(self, target: Target, *, clock: SimClock | None = None):
         super().__init__(target)
@@ -61,6 +62,8 @@ class SimRunner(Runner):
         # drift's phase, like another day on the same machine, so profiles stay shareable
         # across seeds; wall_delay_s never enters a simulated time.
         opts = {k: v for k, v in dataclasses.asdict(self.options).items() if k != "wall_delay_s"}
+        # the stack's prefill was an option once: its digest keeps it, so a device keeps its fingerprint
+        opts["prefill"] = self.target.prefill
         fields["sim_config"] = stable_hash({"options": opts})
         return fields
 
@@ -108,7 +111,7 @@ class SimRunner(Runner):
 
     def _compile(self, g: UnitGraphs, ctx: Sequence[int], tkg: Sequence[int]) -> float:
         """Hardware seconds to compile what this runner has not compiled yet; the clock moves on."""
-        kind = "ctx-batched" if self.options.prefill == "batched" else "ctx"
+        kind = "ctx-batched" if self.target.prefill == "batched" else "ctx"
         want = [("unit",)] + [(kind, b) for b in ctx] + [("tkg", b) for b in tkg]
         seconds = 0.0
         for graph in want:
@@ -125,7 +128,8 @@ class SimRunner(Runner):
         self._calls += 1
         key = (self.target.seed, g.tp, g.batch, self._calls)
         out = generate(g, self._host, self.options, input_len=lin, output_len=lout, ctx_buckets=ctx,
-                       tkg_buckets=tkg, policy=self.target.bucket_policy, key=key, clock_s=self.clock.now())
+                       tkg_buckets=tkg, policy=self.target.bucket_policy, prefill=self.target.prefill, key=key,
+                       clock_s=self.clock.now())
         self.clock.advance(out.total_s)
         return out
 

@@ -4,7 +4,9 @@ The public figures of a device are in ``runners.sim.devices``; here is what a us
 read off a spec sheet and an estimator never sees: achieved efficiencies, which attention
 kernels the stack uses, whether its KV cache has a per-bucket layout, and how long it
 compiles. Neuron families stand for NxD Inference on Inferentia2/Trainium; TPU families for
-vLLM TPU (ragged paged attention). The efficiencies put the simulated figures near
+vLLM TPU (ragged paged attention; its scheduler encodes a batch's prompts in one step, so the
+shipped TPU space files set ``[target] prefill = "batched"``: the device runs whichever
+prefill its target says). The efficiencies put the simulated figures near
 published ones (TPU v6e, Llama-3.1-8B, TP4: TTFT about 71 ms at 4096 tokens; Inferentia2
 TBT about 8-11 ms; Neuron compiles of 10-60 min per model) and were never tuned against
 any estimator.

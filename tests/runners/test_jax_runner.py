@@ -175,3 +175,43 @@ def test_requests_that_do_not_fit(runner):
         JaxRunner(make_target(options=(("warmup", -1),))).run_workload(cand, Requests([5], [2]))
     with pytest.raises(UserError, match="'warm_up' is unknown"):
         JaxRunner(make_target(options=(("warm_up", 1),))).run_workload(cand, Requests([5], [2]))
+
+
+# -- batched prefill: the whole batch's prompts in one call of shape (batch, bucket) -------------
+
+@pytest.fixture(scope="module")
+def batched():
+    r = get_runner(make_target(prefill="batched"))
+    yield r
+    r.close()
+
+
+def test_batched_prefill_decodes_what_the_full_recompute_gives(batched):
+    """Rows of one batched call do not see each other: each request's greedy tokens are the
+    full recompute's, with both rows real and with a padding row (a short batch)."""
+    params = batched._tp_state(1).params
+    got = batched.generate(tp=1, batch=2, ctx_buckets=BUCKETS, tkg_buckets=BUCKETS, prompts=PROMPTS, output_len=OUT_LEN)
+    for prompt, n, tokens in zip(PROMPTS, OUT_LEN, got):
+        assert list(tokens) == reference_greedy(params, prompt, n)
+    (alone,) = batched.generate(tp=1, batch=2, ctx_buckets=BUCKETS, tkg_buckets=BUCKETS, prompts=PROMPTS[:1],
+                                output_len=[12])
+    assert list(alone) == reference_greedy(params, PROMPTS[0], 12)
+    # one batched prefill graph per context bucket, and no per-request one
+    assert batched.compiled_graphs(1, 2) == sorted((k, b) for k in ("prefill-batched", "decode") for b in BUCKETS)
+
+
+def test_batched_prefill_gives_a_batch_its_first_tokens_at_once(batched):
+    lin = np.array([3, 20, 40, 5, 7])
+    lout = np.array([10, 3, 20, 1, 2])
+    run = batched.run_workload(Candidate(1, 2, BUCKETS, BUCKETS), Requests(lin, lout))
+    for idx in ([0, 1], [2, 3], [4]):  # the last batch has an empty row, run in the shape too
+        ttft, e2e = run.ttft_s[idx], run.e2e_s[idx]
+        assert np.ptp(ttft) == 0.0  # one call, one synchronisation: every first token at its end
+        assert np.all(e2e[lout[idx] > 1] > ttft[0])
+    assert run.e2e_s[3] == run.ttft_s[3]
+
+
+def test_batched_prefill_refuses_continuous_mode(batched):
+    req = Requests([3, 5], [2, 2], np.array([0.0, 0.0]))
+    with pytest.raises(UserError, match='prefill = "batched" runs static batches only'):
+        batched.run_workload(Candidate(1, 2, BUCKETS, BUCKETS), req, mode="continuous")

@@ -27,11 +27,12 @@ SMALL = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, v
 FAKE_VERSIONS = {"python": "3.x", "neuronx-cc": "2.0.test", "torch-neuronx": "2.x", "neuronx-distributed-inference": "0.x"}
 
 
-def target(*, shape=SHAPE, dtype="bfloat16", hardware="inf2", policy="exclusive", **opts) -> Target:
+def target(*, shape=SHAPE, dtype="bfloat16", hardware="inf2", policy="exclusive", prefill="sequential",
+           **opts) -> Target:
     if "model" not in opts and "random_weights" not in opts:
         opts["model"] = "/models/llama"
     return Target(name="n", runner="neuron", hardware=hardware, bucket_policy=policy, dtype=dtype, model=shape,
-                  options=tuple(sorted(opts.items())))
+                  options=tuple(sorted(opts.items())), prefill=prefill)
 
 
 @pytest.fixture
@@ -136,7 +137,7 @@ def test_fingerprint_changes_with_sdk_versions_and_options(fake_sdk):
     a = get_runner(target()).fingerprint()
     assert a == get_runner(target()).fingerprint()
     assert a == get_runner(target(artifacts_dir="/elsewhere")).fingerprint()
-    assert a != get_runner(target(batched_prefill=True)).fingerprint()
+    assert a != get_runner(target(prefill="batched")).fingerprint()
     assert a != get_runner(target(model="/models/other")).fingerprint()
     assert a != get_runner(target(hardware="trn1")).fingerprint()
     fake_sdk["neuronx-cc"] = "2.1.test"  # a new compiler: old profiles no longer apply
@@ -627,3 +628,15 @@ class TestNeuronHardwareConformance(_ExclusiveOnly, RunnerConformance):
     def make_unusable_target(self) -> Target:
         return Target(name="conformance-neuron-missing", runner="neuron", hardware="inf2", bucket_policy="exclusive",
                       dtype="bfloat16", model=self.model, options=(("model", "/nonexistent/lensopt-no-checkpoint"),))
+
+
+def test_the_target_prefill_sets_the_context_encoding_batch(fake_sdk):
+    seq, bat = get_runner(target()), get_runner(target(prefill="batched"))
+    assert seq.prefill == "sequential" and bat.prefill == "batched"
+    assert seq.engine_spec(2, 4, (128,), (128,)).neuron_config["ctx_batch_size"] == 1
+    assert bat.engine_spec(2, 4, (128,), (128,)).neuron_config["ctx_batch_size"] == 4
+    cand = Candidate(2, 4, (128,), (128,))
+    assert json.loads(bat.deploy_snippets(cand)["neuron_config.json"])["ctx_batch_size"] == 4
+    # the former option says where the setting lives now
+    with pytest.raises(UserError, match=r"batched_prefill .* no longer an option: write prefill = \"batched\""):
+        get_runner(target(batched_prefill=True))

@@ -15,6 +15,7 @@ from lens.errors import RunnerError, UserError
 from lens.types import Candidate, ModelShape, Probe, Requests, Target, Unit
 from runners.sim import EFFECTS, SIM_VERSION, SimOptions, SimRunner, device_info, fits_memory, hardware_names
 from runners.sim.options import clean
+from runners.sim.stacks import STACKS
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -22,8 +23,9 @@ LLAMA_1B = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate
 LLAMA_70B = ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672, vocab=128256)
 
 
-def target(hardware="inf2", policy="exclusive", model=LLAMA_1B, seed=0, **options) -> Target:
-    return Target("t", "sim", hardware, policy, "bfloat16", model, tuple(sorted(options.items())), seed)
+def target(hardware="inf2", policy="exclusive", model=LLAMA_1B, seed=0, prefill="sequential", **options) -> Target:
+    return Target("t", "sim", hardware, policy, "bfloat16", model, tuple(sorted(options.items())), seed,
+                  prefill=prefill)
 
 
 def clean_target(hardware="inf2", policy="exclusive", model=LLAMA_1B, seed=0, **options) -> Target:
@@ -74,8 +76,10 @@ def test_options_are_validated():
         SimRunner(target(noise=float("nan")))
     with pytest.raises(UserError, match="'stragglers' must be true or false"):
         SimRunner(target(stragglers=1))
-    with pytest.raises(UserError, match="'prefill' = 'eager' is not one of sequential, batched"):
-        SimRunner(target(prefill="eager"))
+    # the stack's prefill is the target's own setting now, read by the device and the estimator alike
+    moved = Target("t", "sim", "inf2", "exclusive", "bfloat16", LLAMA_1B, (("prefill", "batched"),))
+    with pytest.raises(UserError, match=r"option 'prefill' .* no longer an option: write prefill = .* under \[target\]"):
+        SimRunner(moved)
     with pytest.raises(UserError, match="'straggler_factor' must be >= 1"):
         SimRunner(target(straggler_factor=0.5))
     with pytest.raises(UserError, match="'straggler_rate' must be <= 1"):
@@ -114,6 +118,9 @@ def test_fingerprint_is_stable_and_changes_with_what_changes_measurements():
     assert "quirk_seed" not in str(SimRunner(target(quirk_seed=1)).fingerprint_fields())
     assert a != SimRunner(target(stragglers=False)).fingerprint()  # another device behaviour
     assert a != SimRunner(target(prefill="batched")).fingerprint()
+    # a sequential device keeps the fingerprint it had while its prefill was a [target.options] key
+    # (the value lensopt-sim 2.0 computed then), so the profiles cached under it stay found
+    assert a == "840e07aa234488e7"
     assert a == SimRunner(target(wall_delay_s=1.0)).fingerprint()  # never enters a simulated time
 
 
@@ -331,9 +338,12 @@ def test_shipped_sim_targets(path):
     doc = tomllib.loads(path.read_text())
     assert set(doc) == {"target", "space"}
     t, s = doc["target"], doc["space"]
-    assert set(t) <= {"name", "runner", "hardware", "bucket_policy", "dtype", "seed", "model", "options"}
+    assert set(t) <= {"name", "runner", "hardware", "bucket_policy", "dtype", "seed", "prefill", "model", "options"}
     assert t["runner"] == "sim"
     assert t["bucket_policy"] == ("inclusive" if t["hardware"].startswith("tpu") else "exclusive")
+    # the prefill the real stack runs: vLLM TPU encodes a batch's prompts in one call, NxD one at a time
+    vllm = STACKS[t["hardware"]].software == "vLLM TPU"
+    assert t.get("prefill", "sequential") == ("batched" if vllm else "sequential")
     model = ModelShape(**t["model"])
     tgt = Target(t["name"], "sim", t["hardware"], t["bucket_policy"], t["dtype"], model,
                  tuple(sorted(t.get("options", {}).items())), t.get("seed", 0))

@@ -22,11 +22,11 @@ TINY = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vo
 KV_1B = kv_bytes_per_token(LLAMA_1B, "bfloat16")
 
 
-def runner(hardware="inf2", model=LLAMA_1B, seed=0, sim_clock=None, **on) -> SimRunner:
+def runner(hardware="inf2", model=LLAMA_1B, seed=0, sim_clock=None, prefill="sequential", **on) -> SimRunner:
     """A clean device with the options in ``on`` set (an effect switched on, a size changed)."""
     policy = "inclusive" if hardware.startswith("tpu") else "exclusive"
     opts = {**clean(), **on}
-    t = Target("t", "sim", hardware, policy, "bfloat16", model, tuple(sorted(opts.items())), seed)
+    t = Target("t", "sim", hardware, policy, "bfloat16", model, tuple(sorted(opts.items())), seed, prefill=prefill)
     return SimRunner(t, clock=sim_clock)
 
 

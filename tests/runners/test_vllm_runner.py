@@ -9,6 +9,7 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -34,13 +35,14 @@ FAKE_VERSIONS = {"python": "3.x", "vllm": "0.11.test", "torch": "2.x", "cuda": "
                  "vllm-neuron": "0.2.0"}
 
 
-def target(hardware="h200", *, shape=SHAPE, dtype="bfloat16", policy=None, **opts) -> Target:
+def target(hardware="h200", *, shape=SHAPE, dtype="bfloat16", policy=None, prefill=None, **opts) -> Target:
     plat = vr.resolve_platform(hardware, opts.get("platform", ""))
     if plat != "neuron" or opts.get("load_format", "dummy") != "dummy":
         opts.setdefault("model", "/models/llama")
     policy = policy or ("exclusive" if plat == "neuron" else "inclusive")
+    prefill = prefill or ("sequential" if plat == "neuron" else "batched")
     return Target(name="t", runner="vllm", hardware=hardware, bucket_policy=policy, dtype=dtype, model=shape,
-                  options=tuple(sorted(opts.items())))
+                  options=tuple(sorted(opts.items())), prefill=prefill)
 
 
 def spec(hardware="h200", tp=2, batch=8, ctx=(128, 256, 512), tkg=None, root=None, **opts):
@@ -156,6 +158,26 @@ def test_prefill_mode_per_platform():
     assert get_runner(target("tpu-v6e")).prefill == "batched"
     assert get_runner(target("inf2")).prefill == "sequential"  # the Neuron plugin encodes one prompt per step
     assert vr.VllmRunner.one_unit_per_process is True
+
+
+@pytest.mark.parametrize(("hardware", "wrong", "right"), [("h200", "sequential", "batched"),
+                                                          ("tpu-v6e", "sequential", "batched"),
+                                                          ("inf2", "batched", "sequential")])
+def test_a_target_whose_prefill_the_platform_does_not_run_is_refused(hardware, wrong, right):
+    with pytest.raises(UserError, match=f'prefill = "{wrong}".*set prefill = "{right}" under \\[target\\]'):
+        get_runner(target(hardware, prefill=wrong))
+
+
+def test_the_loader_names_the_file_and_the_key_of_a_prefill_vllm_does_not_run(tmp_path):
+    from lens.errors import SpaceError
+    from spaces import load_space
+
+    p = tmp_path / "gpu.toml"
+    text = (ROOT / "spaces" / "vllm-gpu-example.toml").read_text()
+    assert 'prefill = "batched"' in text
+    p.write_text(text.replace('prefill = "batched"', 'prefill = "sequential"'))
+    with pytest.raises(SpaceError, match=re.escape(str(p)) + r'.*\[target\].*prefill = "sequential"'):
+        load_space(p)
 
 
 def test_neuron_engine_arguments(tmp_path):
@@ -430,7 +452,8 @@ STEP_S = 4e-3  # one decode step of the batch
 
 
 class FakeEngine:
-    """A static-batch machine: prompts encoded one by one, then the batch decodes together."""
+    """A static-batch machine: prompts encoded as the platform does (one by one on neuron; on gpu
+    and tpu in one call, every first token at its end), then the batch decodes together."""
 
     started: list["FakeEngine"] = []
     per_token_s = PER_TOKEN_S
@@ -447,6 +470,8 @@ class FakeEngine:
     def generate_timed(self, prompts, output_lens):
         self.calls.append(([list(p) for p in prompts], list(output_lens)))
         pre = np.cumsum([PREFILL_S + self.per_token_s * len(p) for p in prompts])
+        if self.spec.prefill == "batched":
+            pre = np.full(len(prompts), pre[-1])
         e2e = pre[-1] + (np.asarray(output_lens) - 1) * STEP_S
         return TimedBatch(pre, e2e, float(e2e.max()), "step")
 
@@ -481,11 +506,11 @@ def test_profile_runs_each_probe_as_a_full_batch(fake_runner):
     assert [len(run.times_s) for run in res.runs] == [3] * len(probes)
     assert res.run_s == pytest.approx(sum(sum(run.times_s) for run in res.runs)
                                       + sum(res.runs[2 * k].times_s[0] for k in range(len(buckets))))
-    # the solve recovers the fake machine's per-request prefill and decode step
-    prof = solve(res.runs, batch=4)
+    # the solve recovers the fake machine's batch prefill (one call on gpu) and decode step
+    prof = solve(res.runs, batch=4, prefill=r.target.prefill)
     for p in probes:
         assert prof[p.bucket].tbt_s == pytest.approx(STEP_S)
-        assert prof[p.bucket].ttft_s == pytest.approx(PREFILL_S + PER_TOKEN_S * p.input_len)
+        assert prof[p.bucket].ttft_s == pytest.approx(4 * (PREFILL_S + PER_TOKEN_S * p.input_len))
 
 
 def test_engine_is_reused_for_the_same_configuration_and_replaced_otherwise(fake_runner):
@@ -528,9 +553,9 @@ def test_workload_runs_in_order_in_static_batches(fake_runner):
     assert [outs for _, outs in timed] == [[5, 1, 20], [9, 30, 2], [4]]
     exp_ttft, exp_e2e, total = [], [], 0.0
     for s in range(0, 7, 3):
-        pre = np.cumsum(PREFILL_S + PER_TOKEN_S * lin[s:s + 3])
-        e2e = pre[-1] + (lout[s:s + 3] - 1) * STEP_S
-        exp_ttft += list(pre)
+        pre = np.sum(PREFILL_S + PER_TOKEN_S * lin[s:s + 3])  # one call on gpu: every first token at its end
+        e2e = pre + (lout[s:s + 3] - 1) * STEP_S
+        exp_ttft += [pre] * len(e2e)
         exp_e2e += list(e2e)
         total += e2e.max()
     np.testing.assert_allclose(run.ttft_s, exp_ttft)
@@ -939,13 +964,16 @@ class TestVllmFlowConformance(RunnerConformance):
             mp.setattr(vr, "sdk_versions", lambda platform: dict(FAKE_VERSIONS))
             yield
 
+    prefills = ("batched",)  # vLLM on a GPU encodes a batch's prompts in one step
+
     def make_target(self, *, model: ModelShape | None = None, policy: str = "exclusive") -> Target:
         return Target(name="conformance-vllm-fake", runner="vllm", hardware="gpu", bucket_policy=policy,
-                      dtype="bfloat16", model=model or self.model, options=(("model", "/fake/model"),))
+                      dtype="bfloat16", model=model or self.model, options=(("model", "/fake/model"),),
+                      prefill="batched")
 
     def make_unusable_target(self) -> Target:
         return Target(name="conformance-vllm-fake", runner="vllm", hardware="gpu", bucket_policy="exclusive",
-                      dtype="bfloat16", model=self.model, options=(("model", "/fake/unusable"),))
+                      dtype="bfloat16", model=self.model, options=(("model", "/fake/unusable"),), prefill="batched")
 
 
 @pytest.mark.gpu
@@ -955,13 +983,15 @@ class TestVllmGpuConformance(RunnerConformance):
 
     model = CONF_MODEL
 
+    prefills = ("batched",)
+
     def make_target(self, *, model: ModelShape | None = None, policy: str = "exclusive") -> Target:
         m = model or self.model
         return Target(name="conformance-vllm-gpu", runner="vllm", hardware="gpu", bucket_policy=policy,
-                      dtype="bfloat16", model=m,
+                      dtype="bfloat16", model=m, prefill="batched",
                       options=(("gpu_memory_utilization", 0.3), ("model", _conformance_model_dir(m))))
 
     def make_unusable_target(self) -> Target:
         return Target(name="conformance-vllm-missing", runner="vllm", hardware="gpu", bucket_policy="exclusive",
-                      dtype="bfloat16", model=self.model,
+                      dtype="bfloat16", model=self.model, prefill="batched",
                       options=(("gpu_memory_utilization", 0.3), ("model", "/nonexistent/lensopt-no-model")))

@@ -34,6 +34,25 @@ def test_exponents_are_recovered_from_a_synthetic_power_law():
     assert (a, c, d) == pytest.approx((true_a, true_c, true_d), abs=1e-6)
 
 
+def test_batched_prefill_scales_the_call_with_the_batch():
+    # one call of batch 8 took 0.8 s: its share per prompt, at tp 2 (ideal law) and batch 4, is 4 x 0.05
+    p = ScalingPrior(M, "bfloat16", prefill="batched")
+    est = p.estimate(2, 4, [1024], {(1, 8): {1024: bp(1024, 0.8, 0.01)}})
+    assert est[1024].ttft_s == pytest.approx(4 * 0.1 / 2)
+    # the exponent fit sees the share per prompt: a call that grows with the batch is not a tp effect
+    meas = {(tp, b): {1024: bp(1024, b * 0.1 * tp ** -0.8, 0.01)} for tp in (1, 2) for b in (1, 8)}
+    assert p.exponents(meas)[0] == pytest.approx(-0.8)
+
+
+def test_amali_prior_charges_a_batched_call_for_every_prompt():
+    from search.prior import AmaliPrior
+
+    seq = AmaliPrior.for_hardware(M, "bfloat16", "h100")
+    bat = AmaliPrior.for_hardware(M, "bfloat16", "h100", prefill="batched")
+    a, b = seq.estimate(1, 8, [1024])[1024], bat.estimate(1, 8, [1024])[1024]
+    assert b.ttft_s == pytest.approx(8 * a.ttft_s) and b.tbt_s == a.tbt_s
+
+
 def test_missing_bucket_everywhere_gives_no_estimate():
     p = ScalingPrior(M, "bfloat16")
     assert p.estimate(1, 1, [128, 256], {(1, 8): {128: bp(128, 0.1, 0.01)}}) is None

@@ -63,6 +63,11 @@ def test_target_prefill_is_read_and_checked(tmp_path):
     p.write_text(MINIMAL.replace('hardware = "inf2"', 'hardware = "inf2"\nprefill = "chunked"'))
     with pytest.raises(SpaceError, match=re.escape("target.prefill = 'chunked' is not one of sequential, batched")):
         load_space(p)
+    # the simulated stack's prefill was a [target.options] key once: the file is told where it lives now
+    p.write_text(MINIMAL.replace("[space]", '[target.options]\nprefill = "batched"\n[space]'))
+    with pytest.raises(SpaceError, match=re.escape(str(p)) + r': target.options.prefill = "batched" is no longer an '
+                                         r'option: write prefill = .* under \[target\]'):
+        load_space(p)
 
 
 @pytest.mark.parametrize(("table", "cls"), [("profile", ProfileSettings), ("budget", Budget), ("workload", WorkloadSpec)])
@@ -117,7 +122,7 @@ def test_the_sampler_flag_lists_the_registry():
 # -- no default written twice -------------------------------------------------------------------
 #: settings whose default must live in one place only, and that place
 WATCHED = {"repeats", "max_output", "attempts", "max_spread", "lease_s", "requests", "trials", "top_k", "sampler",
-           "tolerance", "drift_tolerance"}
+           "tolerance", "drift_tolerance", "prefill"}
 HOMES = {("lens/workload.py", "DEFAULT_REQUESTS"), ("search/study.py", "DEFAULT_SAMPLER")}
 #: fields that share a setting's name but are not that setting
 NOT_SETTINGS = {("search/measure.py", "attempts"),  # UnitMeasurement.attempts: how many were made
