@@ -3,13 +3,21 @@
 A *case* is (variant, fleet, device, model, batch, workload): LENS, the baselines and the
 ground truth on one unit for one workload. A *variant* is the fleet with some effects of
 the simulated stacks switched (``runners.sim.options``): the shipped device, a noise-free
-one, a clean one, one effect alone on a clean device, or one effect alone switched off.
-Everything measured here is SIMULATED (runner ``sim``).
+one, a clean one, one effect alone on a clean device, one effect alone switched off, or
+the shipped device whose targets say ``prefill = "batched"`` (the device runs it and LENS
+composes it; "LENS-seq" is LENS's sequential machine model on the same probe runs, what
+it predicted before it knew the setting). Everything measured here is SIMULATED (runner
+``sim``).
+
+Two readings of the MaverIQ-style baseline (``E2E = a + b (l_out - 1)``) are fitted on the
+same calibration runs: "MaverIQ" per unit (device, model, tp, batch) and workload, and
+"MaverIQ-pd" per (device, model) and workload, pooled over every batch size -- the LENS
+paper's "one TTFT constant + one TBT slope fitted per dataset".
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -17,7 +25,7 @@ import pandas as pd
 from benchmarks.baselines import OperatorSum, Peak, fit_maveriq
 from lens import distributions
 from lens.compose import UnitTable, predict
-from lens.types import Candidate, ModelShape, Requests, Target
+from lens.types import PREFILLS, Candidate, ModelShape, Requests, Target
 from lens.workload import fit_to
 from runners import get_runner
 from runners.sim import EFFECTS, SimOptions, fits_memory
@@ -52,6 +60,7 @@ class Variant:
     name: str
     options: tuple[tuple[str, object], ...]
     what: str
+    prefill: str = PREFILLS[0]  # the targets' [target] prefill: the device runs it, LENS composes it
 
 
 def _only(effect: str) -> dict:
@@ -83,17 +92,18 @@ def variants(kinds: tuple[str, ...]) -> list[Variant]:
         out.append(Variant("without stragglers", tuple(_without("stragglers").items()),
                            "shipped device with stragglers alone switched off"))
     if "extra" in kinds:
-        out.append(Variant("batched prefill", (("prefill", "batched"),),
-                           "shipped device whose stack encodes a batch's prompts in one call (LENS assumes one "
-                           "at a time)"))
+        out.append(Variant("batched prefill", (),
+                           "shipped device whose stack encodes a batch's prompts in one call; the target says "
+                           "prefill = \"batched\", so LENS solves and composes it", prefill="batched"))
     return out
 
 
-def sim_target(device: str, model: str, *, quirk_seed: int = 0, seed: int = 0, options=()) -> Target:
+def sim_target(device: str, model: str, *, quirk_seed: int = 0, seed: int = 0, options=(),
+               prefill: str = PREFILLS[0]) -> Target:
     opts = {"quirk_seed": quirk_seed, **dict(options)}
     return Target(
         name=f"sim-{device}-{model}", runner="sim", hardware=device, bucket_policy=POLICY[device], dtype=DTYPE,
-        model=MODELS[model], options=tuple(sorted(opts.items())), seed=seed,
+        model=MODELS[model], options=tuple(sorted(opts.items())), seed=seed, prefill=prefill,
     )
 
 
@@ -150,18 +160,32 @@ def run_variant(variant: Variant, grid: Grid, rep: int, log) -> tuple[pd.DataFra
             if tp is None:
                 log(f"  {device} {mname}: no tp in 1/2/4/8 fits batch {max(grid.batches)} at 8192 tokens; skipped")
                 continue
-            target = sim_target(device, mname, quirk_seed=rep, seed=rep, options=variant.options)
+            target = sim_target(device, mname, quirk_seed=rep, seed=rep, options=variant.options,
+                                prefill=variant.prefill)
             runner = get_runner(target)  # one host session: compile cache and clock carry across its units
             peak_op = OperatorSum(model, Peak.for_sim_device(device, DTYPE), tp=tp, dtype=DTYPE)
             t0 = time.perf_counter()
+            pooled: dict[str, list] = {}  # workload -> per batch (case row base, calibration, held-out)
             for batch in grid.batches:
-                rows_u, cost_u = _unit_cases(runner, target, variant, grid, rep, device, mname, tp, batch, peak_op)
+                rows_u, cost_u, cal_u = _unit_cases(runner, target, variant, grid, rep, device, mname, tp, batch,
+                                                    peak_op)
                 rows += rows_u
+                for ds, c in cal_u.items():
+                    pooled.setdefault(ds, []).append(c)
                 for k in cost:
                     cost[k] += cost_u[k]
+            rows += _maveriq_per_dataset(pooled)
             log(f"  {variant.name:>22s} fleet {rep} {device:8s} {mname:12s} tp{tp}: "
                 f"{time.perf_counter() - t0:.1f} s")
     return pd.DataFrame(rows), cost
+
+
+def _sequential_table(cand: Candidate, profiles: dict, policy: str) -> UnitTable:
+    """LENS's sequential machine model on the same probe runs: the probe's one prefill call read as
+    ``batch`` prefills (TTFT_b / batch), prompts composed one at a time -- what LENS predicted on a
+    batched device before its targets could say so."""
+    seq = {b: replace(p, ttft_s=p.ttft_s / cand.batch) for b, p in profiles.items()}
+    return UnitTable.build(cand, seq, policy=policy, prefill="sequential")
 
 
 def _unit_cases(runner, target, variant, grid, rep, device, mname, tp, batch, peak_op):
@@ -170,8 +194,9 @@ def _unit_cases(runner, target, variant, grid, rep, device, mname, tp, batch, pe
     cost = {"LENS": mu.hardware_s, "MaverIQ": mu.compile_s}  # both compile the unit once
     cand = Candidate(tp, batch, BUCKETS, BUCKETS)
     table = UnitTable.build(cand, mu.profiles, policy=target.bucket_policy, prefill=target.prefill)
+    seq_table = _sequential_table(cand, mu.profiles, target.bucket_policy) if target.prefill == "batched" else None
     cal_op = calibrated_opsum(peak_op, mu.profiles, batch=batch)
-    rows = []
+    rows, pooled = [], {}
     for ds in grid.datasets:
         req = workload(ds, grid.requests, EVAL_SEED + 10 * rep)
         meas = runner.run_workload(cand, req).e2e_s
@@ -180,6 +205,11 @@ def _unit_cases(runner, target, variant, grid, rep, device, mname, tp, batch, pe
             "OpSum": cal_op.predict(req, batch=batch)[1],
             "OpSum-peak": peak_op.predict(req, batch=batch)[1],
         }
+        if seq_table is not None:
+            preds["LENS-seq"] = predict(seq_table, req, mode="static").e2e_s
+        base = {"runner": "sim", "simulated": True, "variant": variant.name, "rep": rep, "device": device,
+                "model": mname, "tp": tp, "batch": batch, "dataset": ds, "trace": ds not in DATASETS,
+                "requests": len(req), "opsum_prefill_scale": cal_op.scale[0], "opsum_decode_scale": cal_op.scale[1]}
         if grid.baselines:
             cal = workload(ds, grid.cal_batches * batch, CAL_SEED + 10 * rep)
             cal_run = runner.run_workload(cand, cal)
@@ -187,8 +217,18 @@ def _unit_cases(runner, target, variant, grid, rep, device, mname, tp, batch, pe
             preds["MaverIQ"] = fit_maveriq(cal.output_len, cal_run.e2e_s).predict_e2e(req.output_len)
             small = cal.head(2 * batch)  # the same fit on "a handful" of runs: the first two batches
             preds["MaverIQ-2"] = fit_maveriq(small.output_len, cal_run.e2e_s[: len(small)]).predict_e2e(req.output_len)
-        base = {"runner": "sim", "simulated": True, "variant": variant.name, "rep": rep, "device": device,
-                "model": mname, "tp": tp, "batch": batch, "dataset": ds, "trace": ds not in DATASETS,
-                "requests": len(req), "opsum_prefill_scale": cal_op.scale[0], "opsum_decode_scale": cal_op.scale[1]}
+            pooled[ds] = (base, (cal.output_len, cal_run.e2e_s), (req.output_len, meas))
         rows += [{**base, "method": m, **case_errors(p, meas)} for m, p in preds.items()]
-    return rows, cost
+    return rows, cost, pooled
+
+
+def _maveriq_per_dataset(pooled: dict[str, list]) -> list[dict]:
+    """MaverIQ-style read as the LENS paper describes it: one constant and one slope per workload
+    (here per simulated device and model too), fitted on the calibration runs of every batch size
+    together and used for every batch size."""
+    rows = []
+    for cases in pooled.values():
+        fit = fit_maveriq(np.concatenate([c[1][0] for c in cases]), np.concatenate([c[1][1] for c in cases]))
+        for base, _, (out_len, meas) in cases:
+            rows.append({**base, "method": "MaverIQ-pd", **case_errors(fit.predict_e2e(out_len), meas)})
+    return rows
