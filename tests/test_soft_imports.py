@@ -59,8 +59,10 @@ def test_console_script_help():
 
 
 def _target(runner: str, **opts) -> Target:
-    return Target(name="t", runner=runner, hardware="h200" if runner == "vllm" else "inf2",
-                  bucket_policy="exclusive", dtype="bfloat16", model=SHAPE, options=tuple(sorted(opts.items())))
+    vllm = runner == "vllm"  # vLLM on a GPU encodes a batch's prompts in one step, NxD one at a time
+    return Target(name="t", runner=runner, hardware="h200" if vllm else "inf2", bucket_policy="exclusive",
+                  dtype="bfloat16", model=SHAPE, options=tuple(sorted(opts.items())),
+                  prefill="batched" if vllm else "sequential")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")

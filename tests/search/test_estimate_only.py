@@ -12,6 +12,7 @@ runner = "vllm"
 hardware = "H100-SXM"
 bucket_policy = "inclusive"
 dtype = "bfloat16"
+prefill = "batched"            # vLLM on a GPU encodes a batch's prompts in one step
 [target.model]
 layers = 16
 hidden = 2048
