@@ -6,6 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+import numpy as np
+
+from lens.buckets import bucket_ranges, select_index
 from lens.compose import Prediction, UnitTable, predict
 from lens.errors import LensoptError
 from lens.metrics import summarize_prediction
@@ -74,14 +77,22 @@ class Evaluator:
         self._prior_cache: dict[tuple[int, int], dict[int, BucketProfile] | None] = {}
         self._memo: dict[Candidate, Evaluation] = {}
         self._memo_bytes = 0
+        self._used: dict[tuple, frozenset[int]] = {}
+        dec = requests.output_len > 1
+        # decode contexts of this workload lie in [shortest prompt + 1, longest prompt + output - 1]
+        self._contexts = ((int(requests.input_len[dec].min()) + 1, int((requests.input_len + requests.output_len - 1)[dec].max()))
+                          if dec.any() else None)
 
     # -- profiles -----------------------------------------------------------------------
     def set_measured(self, unit: tuple[int, int], profiles: Mapping[int, BucketProfile]) -> None:
         """Add measured bucket profiles of a unit (a unit may hold only some buckets)."""
         self.measured.setdefault(unit, {}).update(profiles)
         self.failed.pop(unit, None)  # measured after all (a retry, or another search)
-        self._prior_cache.clear()  # scaling priors lean on the measured units
-        self.forget()
+        self._prior_cache.clear()  # priors lean on the measured units
+        # what other units' measured profiles predict stays as it was (more knowledge of the
+        # memory fit only drops buckets a prediction does not use); estimates do not
+        self._memo = {c: e for c, e in self._memo.items() if e.measured and (c.tp, c.batch) != unit}
+        self._memo_bytes = sum(_nbytes(e) for e in self._memo.values())
 
     def forget(self) -> None:
         """Drop every memoised evaluation (the next ``evaluate`` of each candidate predicts afresh)."""
@@ -92,26 +103,67 @@ class Evaluator:
         self.failed[unit] = reason
         self._memo = {c: e for c, e in self._memo.items() if (c.tp, c.batch) != unit}
 
+    def used(self, c: Candidate) -> frozenset[int]:
+        """The buckets of ``c`` whose numbers the workload's prediction can depend on.
+
+        A ctx bucket is used when some prompt runs in it; a tkg bucket when its length range
+        meets the workload's decode contexts (a superset: never drops a bucket in use).
+        """
+        key = (c.ctx_buckets, c.tkg_buckets)
+        if key not in self._used:
+            policy = self.space.target.bucket_policy
+            ctx = np.asarray(c.ctx_buckets)
+            used = set(ctx[np.unique(select_index(self.requests.input_len, ctx, policy))].tolist())
+            if self._contexts is not None:
+                lo, hi = bucket_ranges(c.tkg_buckets, policy)
+                used |= {b for b, a, z in zip(c.tkg_buckets, lo, hi) if a <= self._contexts[1] and z >= self._contexts[0]}
+            self._used[key] = frozenset(int(b) for b in used)
+        return self._used[key]
+
+    def fits_memory(self, tp: int, batch: int, bucket: int) -> bool:
+        """Whether the unit is known to hold a KV cache of ``bucket``: the space declares the
+        device memory (``infeasible_reason`` checks it), or a unit that needs at least as much
+        memory per device (tp no larger, batch no smaller) was measured at a bucket as long."""
+        if self.space.hosts.memory_gib_per_chip is not None:
+            return True
+        return any(t <= tp and b >= batch and max(prof, default=0) >= bucket for (t, b), prof in self.measured.items())
+
+    def needed(self, c: Candidate) -> list[int]:
+        """Buckets whose profiles the candidate's prediction needs: the ones the workload uses,
+        and its largest bucket (it sizes the KV cache) until the unit is known to fit it."""
+        top = max(c.all_buckets)
+        need = set(self.used(c))
+        if not self.fits_memory(c.tp, c.batch, top):
+            need.add(top)
+        return sorted(need)
+
     def missing(self, c: Candidate) -> list[int]:
         """Buckets the candidate needs that its unit has no measured profile for."""
         have = self.measured.get((c.tp, c.batch), {})
-        return [b for b in c.all_buckets if b not in have]
+        return [b for b in self.needed(c) if b not in have]
 
     def _profiles(self, c: Candidate) -> tuple[dict[int, BucketProfile] | None, str]:
         unit = (c.tp, c.batch)
         have = self.measured.get(unit, {})
         miss = self.missing(c)
-        if not miss:
-            return have, ("simulated" if any(have[b].simulated for b in c.all_buckets) else "measured")
-        key = (unit, tuple(miss))
-        if key not in self._prior_cache:
+        # buckets the prediction does not use still need a number in the table: a prior's, or
+        # any measured one of the unit (it changes nothing)
+        fill = [b for b in c.all_buckets if b not in have]
+        key = (unit, tuple(fill))
+        if fill and key not in self._prior_cache:
             est = None
             for prior in self.priors:
-                est = prior.estimate(c.tp, c.batch, miss, self.measured)
+                est = prior.estimate(c.tp, c.batch, fill, self.measured)
                 if est:
                     break
             self._prior_cache[key] = est
-        est = self._prior_cache[key]
+        est = self._prior_cache.get(key) if fill else {}
+        if not miss:
+            if est is None:
+                any_p = next(iter(have.values()))
+                est = {b: dataclasses.replace(any_p, bucket=b) for b in fill}
+            need = self.needed(c)
+            return {**have, **est}, ("simulated" if any(have[b].simulated for b in need) else "measured")
         if not est:
             return None, ""
         return {**have, **est}, next(iter(est.values())).source
@@ -153,8 +205,7 @@ class Evaluator:
         ev = self._evaluate(c, interval=interval)
         keep = ev
         if ev.prediction is not None:
-            size = sum(a.nbytes for a in (ev.prediction.ttft_s, ev.prediction.tpot_s, ev.prediction.e2e_s,
-                                          ev.prediction.batch_s))
+            size = _nbytes(ev)
             if self._memo_bytes + size > PREDICTION_MEMO_BYTES:
                 keep = dataclasses.replace(ev, prediction=None)
             else:
@@ -194,3 +245,8 @@ class Evaluator:
 
     def reevaluate(self, candidates) -> list[Evaluation]:
         return [self.evaluate(c) for c in candidates]
+
+
+def _nbytes(e: Evaluation) -> int:
+    p = e.prediction
+    return 0 if p is None else sum(a.nbytes for a in (p.ttft_s, p.tpot_s, p.e2e_s, p.batch_s))
