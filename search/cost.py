@@ -58,11 +58,15 @@ class CompileModel:
     def fit(cls, records: Sequence[TaskRecord]) -> "CompileModel | None":
         """None without a measured task. With one bucket count only, the fixed part and the
         per-bucket part cannot be told apart: the fixed part is taken as one bucket's worth."""
-        recs = [r for r in records if r.buckets > 0 and np.isfinite(r.compile_s)]
+        recs = [r for r in records if r.buckets > 0 and np.isfinite(r.compile_s) and r.compile_s >= 0]
         if not recs:
             return None
         n = np.array([r.buckets for r in recs], float)
         y = np.array([r.compile_s for r in recs], float)
+        if y.max() <= 0:  # a runner that compiles nothing (or too fast to time)
+            return cls(0.0, 0.0, 0.0, len(recs))
+        # relative errors, with compilations too fast to time weighed as the fastest timed one
+        y = np.maximum(y, y[y > 0].min())
         if len(set(n.tolist())) < 2:
             per = float(y.sum() / (n + 1).sum())
             fixed = per

@@ -45,6 +45,9 @@ Unit = tuple[int, int]
 
 #: draws of a unit's numbers per decision
 DRAWS = 64
+#: choices per round: one, so each choice is made knowing what the last one measured (the
+#: user pays hardware seconds; parallel tasks would save wall-clock time only)
+PER_ROUND = 1
 #: most candidates (bucket sets) of one unit priced per decision
 CANDIDATE_CAP = 128
 #: the hypervolume's reference latency, as a multiple of the largest latency on the front
@@ -230,13 +233,13 @@ def decide(
                     best = (c, o, g)
                 if unit_best is None or c.per_second > unit_best.per_second:
                     unit_best = c
-            if unit_best is not None and o.probe_bucket is not None and not _X.get("noprobe"):
+            if unit_best is not None and o.probe_bucket is not None:
                 p = _probe(o, g, unit_best, threshold=threshold, left=left)
                 if p is not None and p.per_second > best[0].per_second:
                     best = (p, o, g)
         if best is None:
             break
-        choice = best[0] if best[0].probe else (_extend_thr(*best, threshold=threshold, left=left) if _X.get("thr") else _extend(*best, left=left))
+        choice = best[0] if best[0].probe else _extend(*best, threshold=threshold, left=left)
         chosen.append(choice)
         if left is not None:
             left -= choice.cost.high_s
@@ -256,17 +259,22 @@ def decide(
 
 def _gain(o: UnitOption, g: np.ndarray, buckets: frozenset) -> float:
     """Expected gain of measuring ``buckets``: the mean over draws of its best enabled candidate."""
-    enabled = np.array([m <= buckets for m in o.missing])
-    return float(g[enabled].max(axis=0).mean()) if enabled.any() else 0.0
+    return float(_per_draw(o, g, buckets).mean())
 
 
-def _extend(choice: Choice, o: UnitOption, g: np.ndarray, *, left: float | None) -> Choice:
-    """Widen the chosen task with buckets other candidates of its unit need, while that keeps
-    its expected gain per second as high: the union of two missing sets is a choice too, and
-    it pays the unit's fixed compile part once instead of twice."""
+def _extend(choice: Choice, o: UnitOption, g: np.ndarray, *, threshold: float, left: float | None) -> Choice:
+    """Widen the chosen task with buckets other candidates of its unit need, while that pays.
+
+    A wider task pays once what a later task re-opening the unit would pay again: its fixed
+    compile part. So buckets ``m`` join when the seconds they add now are less than what a
+    later task for them is expected to cost: its price times the share of draws in which
+    they would then be worth profiling (they raise the unit's best gain on that draw by the
+    stop rule's threshold). A wider set with a better gain per second joins as well.
+    """
     while True:
         have = frozenset(choice.buckets)
-        best = choice
+        base = _per_draw(o, g, have)
+        best, best_value = None, 0.0
         for m in dict.fromkeys(o.missing):
             if m <= have:
                 continue
@@ -274,12 +282,24 @@ def _extend(choice: Choice, o: UnitOption, g: np.ndarray, *, left: float | None)
             cost = o.cost(wider)
             if cost is None or (left is not None and cost.high_s > left):
                 continue
-            c = Choice(o.unit, tuple(sorted(wider)), _gain(o, g, wider), cost)
-            if c.per_second > best.per_second:
-                best = c
-        if best is choice:
+            per_draw = _per_draw(o, g, wider)
+            c = Choice(o.unit, tuple(sorted(wider)), float(per_draw.mean()), cost)
+            later = o.cost(wider - have)
+            needed = float(np.mean(per_draw - base >= max(threshold, 1e-300)))
+            value = (needed * later.mean_s if later is not None else 0.0) - (cost.mean_s - choice.cost.mean_s)
+            if c.per_second > choice.per_second:
+                value = max(value, 1e-300)
+            if value > best_value:
+                best, best_value = c, value
+        if best is None:
             return choice
         choice = best
+
+
+def _per_draw(o: UnitOption, g: np.ndarray, buckets: frozenset) -> np.ndarray:
+    """Per draw, the gain of the best candidate that measuring ``buckets`` completes."""
+    enabled = np.array([m <= buckets for m in o.missing])
+    return g[enabled].max(axis=0) if enabled.any() else np.zeros(g.shape[1])
 
 
 #: draws whose probe would show about the same, averaged to guess what a probe tells
@@ -311,28 +331,3 @@ def _probe(o: UnitOption, g: np.ndarray, direct: Choice, *, threshold: float, le
         return None
     mean_s = probe_cost.mean_s + float(go_on.mean()) * rest_cost
     return Choice(o.unit, (b,), value, Cost(mean_s=mean_s, high_s=probe_cost.high_s), probe=True)
-
-import os
-_X = {k: 1 for k in os.environ.get("ECON_X", "").split(",") if k}
-
-
-def _extend_thr(choice, o, g, *, threshold, left):
-    while True:
-        have = frozenset(choice.buckets)
-        best = None
-        for m in dict.fromkeys(o.missing):
-            if m <= have:
-                continue
-            wider = have | m
-            gain = _gain(o, g, wider)
-            if gain - choice.gain < threshold:
-                continue
-            cost = o.cost(wider)
-            if cost is None or (left is not None and cost.high_s > left):
-                continue
-            extra = (gain - choice.gain) / max(cost.mean_s - choice.cost.mean_s, 1e-9)
-            if best is None or extra > best[0]:
-                best = (extra, Choice(o.unit, tuple(sorted(wider)), gain, cost))
-        if best is None:
-            return choice
-        choice = best[1]

@@ -76,6 +76,8 @@ class RunLedger:
     unit_tasks: list[UnitTask] = field(default_factory=list)
     profile_hardware_s: float = 0.0
     confirm_hardware_s: float = 0.0
+    #: why profiling stopped (the evidence, or the budget)
+    profile_stop: str = ""
     profile_tasks: int = 0
     confirm_tasks: int = 0
     profile_tasks_this_run: int = 0
@@ -136,7 +138,7 @@ class RunLedger:
             "units_waited": [list(u) for u in self.units_waited],
             "unit_tasks": [t.to_json() for t in self.unit_tasks],
             "profile_hardware_s": self.profile_hardware_s, "confirm_hardware_s": self.confirm_hardware_s,
-            "profile_tasks": self.profile_tasks, "confirm_tasks": self.confirm_tasks,
+            "profile_stop": self.profile_stop or None, "profile_tasks": self.profile_tasks, "confirm_tasks": self.confirm_tasks,
             "profile_tasks_this_run": self.profile_tasks_this_run, "trials": self.trials, "state": self.state,
             "wall_s": self.wall_s, "slo_met": self.slo_met,
             "front": None if self.front is None else [c.to_dict() for c in self.front],
@@ -175,6 +177,7 @@ class RunLedger:
                 unit_tasks=[UnitTask(**{**t, "buckets": tuple(t["buckets"])}) for t in d.get("unit_tasks", [])],
                 profile_hardware_s=float(d.get("profile_hardware_s", 0.0)),
                 confirm_hardware_s=float(d.get("confirm_hardware_s", 0.0)),
+                profile_stop=str(d.get("profile_stop", "")),
                 profile_tasks=int(d.get("profile_tasks", 0)), confirm_tasks=int(d.get("confirm_tasks", 0)),
                 profile_tasks_this_run=int(d.get("profile_tasks_this_run", 0)), trials=int(d.get("trials", 0)),
                 state=d.get("state", "running"), wall_s=d.get("wall_s"), slo_met=d.get("slo_met"),

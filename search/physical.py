@@ -29,6 +29,9 @@ units that were themselves extrapolations when left out.
 
 A partly measured unit is conditioned on its own buckets: their residuals estimate its
 shared offset, so its other buckets are predicted with the per-bucket spread only.
+
+With the target's ``prefill = "batched"``, TTFT_b is one call of the whole batch: the
+model is fitted on its share per row (TTFT_b / batch) and multiplies it back.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from lens.probes import plan_probes
-from lens.types import DTYPE_BYTES, BucketProfile, ModelShape
+from lens.types import DTYPE_BYTES, PREFILLS, BucketProfile, ModelShape
 
 Unit = tuple[int, int]
 Measured = Mapping[Unit, Mapping[int, BucketProfile]]
@@ -167,8 +170,11 @@ class PhysicalPrior:
 
     name = "estimate:physical"
 
-    def __init__(self, model: ModelShape, dtype: str, *, buckets: Sequence[int], policy: str, max_output: int):
+    def __init__(self, model: ModelShape, dtype: str, *, buckets: Sequence[int], policy: str, max_output: int,
+                 prefill: str = PREFILLS[0]):
         self.model, self.dtype = model, dtype
+        #: TTFT_b is of one prompt, or of a batched call (then fitted per row)
+        self.batched = prefill == "batched"
         self.buckets = tuple(sorted(buckets))
         probes = plan_probes(self.buckets, policy=policy, max_output=max_output, repeats=1)
         self._probe = {p.bucket: p for p in probes if p.output_len == max(q.output_len for q in probes
@@ -214,7 +220,12 @@ class PhysicalPrior:
                     bucket=np.array([i[2].bucket for i in items], float),
                     input_len=np.array([i[2].input_len for i in items], float),
                     l2=np.array([i[2].l2 for i in items], float),
-                    ttft=np.array([i[2].ttft_s for i in items]), tbt=np.array([i[2].tbt_s for i in items]))
+                    ttft=np.array([i[2].ttft_s / self._rows(i[1]) for i in items]),
+                    tbt=np.array([i[2].tbt_s for i in items]))
+
+    def _rows(self, batch: int) -> int:
+        """Prompts one TTFT_b covers."""
+        return batch if self.batched else 1
 
     def grid_rows(self, tp: int, batch: int) -> Rows:
         """The space's buckets of one unit, as the probes would measure them."""
@@ -283,7 +294,8 @@ class PhysicalPrior:
             unit_sd = fit.far_sd if tp not in fit.tps else fit.unit_sd
             sd = unit_sd
             if have.any():
-                got = np.log([max(getattr(own[b], attr), 1e-30) for b in self.buckets if b in own])
+                per = self._rows(batch) if attr == "ttft_s" else 1
+                got = np.log([max(getattr(own[b], attr) / per, 1e-30) for b in self.buckets if b in own])
                 res = got - log[have]
                 # the unit's shift, estimated from its own buckets (normal prior, normal noise)
                 prec = len(res) / fit.bucket_sd ** 2 + 1.0 / unit_sd ** 2
@@ -294,7 +306,8 @@ class PhysicalPrior:
             logs.append(log)
             shared.append(float(sd))
             per_bucket.append(fit.bucket_sd)
-        return UnitBelief(tp=tp, batch=batch, buckets=self.buckets, log_ttft=logs[0], log_tbt=logs[1], measured=have,
+        return UnitBelief(tp=tp, batch=batch, buckets=self.buckets, log_ttft=logs[0] + np.log(self._rows(batch)),
+                          log_tbt=logs[1], measured=have,
                           shared_sd=(shared[0], shared[1]), bucket_sd=(per_bucket[0], per_bucket[1]))
 
     def estimate(self, tp: int, batch: int, buckets: Sequence[int], measured: Measured) -> dict[int, BucketProfile] | None:
@@ -304,13 +317,14 @@ class PhysicalPrior:
             return None
         ttft, tbt = bel.median()
         out = {}
+        calls = 1 if self.batched else batch  # prefill calls in one probe run
         for b in buckets:
             if b not in self.buckets:
                 return None
             i, p = self.buckets.index(b), self._probe[b]
             out[b] = BucketProfile(bucket=b, ttft_s=float(ttft[i]), tbt_s=float(tbt[i]), input_len=p.input_len,
-                                   l1=1, l2=p.output_len, t1_s=float(batch * ttft[i]),
-                                   t2_s=float(batch * ttft[i] + (p.output_len - 1) * tbt[i]), repeats=0, spread=0.0,
+                                   l1=1, l2=p.output_len, t1_s=float(calls * ttft[i]),
+                                   t2_s=float(calls * ttft[i] + (p.output_len - 1) * tbt[i]), repeats=0, spread=0.0,
                                    source=self.name)
         return out
 

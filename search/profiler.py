@@ -204,7 +204,7 @@ class UnitProfiler:
     def __init__(self, *, space: Space, runner: Runner, fingerprint: str, cache: ProfileCache,
                  dispatcher: "Dispatcher", evaluator: "Evaluator", ledger: RunLedger,
                  log: Callable[[str], None], progress: bool, checkpoint: Callable[[], None],
-                 retry_failed: bool = False):
+                 retry_failed: bool = False, on_task: Callable[[tuple[int, int], UnitMeasurement], None] | None = None):
         self.space, self.runner, self.fp, self.cache = space, runner, fingerprint, cache
         self.dispatcher, self.ev, self.ledger = dispatcher, evaluator, ledger
         self.log, self.progress, self.checkpoint = log, progress, checkpoint
@@ -212,10 +212,31 @@ class UnitProfiler:
         self.retry_failed = retry_failed
         #: who this search is when it claims units in the shared cache
         self.owner = new_claimant_id()
+        #: told of each profiling task that came back measured (the cost model learns from it)
+        self.on_task = on_task
 
-    def budget_left(self) -> bool:
+    def budget_left_s(self) -> float | None:
+        """Hardware seconds ``[budget] profile_s`` leaves (None: no cap)."""
         cap = self.space.budget.profile_s
-        return cap is None or self.ledger.profile_hardware_s < cap
+        return None if cap is None else cap - self.ledger.profile_hardware_s
+
+    def _within_cap(self, todo: Mapping[tuple[int, int], Sequence[int]],
+                    bounds: Mapping[tuple[int, int], float]) -> dict[tuple[int, int], Sequence[int]]:
+        """The units whose tasks fit what the cap leaves, each at its cost bound (0 when not
+        priced: then only "something is left" is checked), checked before they are dispatched."""
+        room = self.budget_left_s()
+        if room is None:
+            return dict(todo)
+        keep = {}
+        for u, bk in todo.items():
+            need = bounds.get(u, 0.0)
+            if room <= 0 or need > room:
+                self.log(f"  unit tp={u[0]} batch={u[1]}: not profiled, [budget] profile_s leaves {max(room, 0):.0f} "
+                         f"hardware-s and its task may cost up to {need:.0f}")
+                continue
+            room -= need
+            keep[u] = bk
+        return keep
 
     def adopt(self, unit: tuple[int, int], *, waited: bool = False) -> int:
         """Take the unit's cached profiles (of the space's buckets), or its remembered failure;
@@ -244,11 +265,17 @@ class UnitProfiler:
         self.ledger.units_failed[unit] = f.describe()
         return True
 
-    def profile(self, units: Mapping[tuple[int, int], Sequence[int]]) -> None:
-        """Measure the listed buckets of each unit that the evaluator does not have yet."""
+    def profile(self, units: Mapping[tuple[int, int], Sequence[int]], *,
+                bounds: Mapping[tuple[int, int], float] | None = None) -> None:
+        """Measure the listed buckets of each unit that the evaluator does not have yet.
+
+        ``bounds``: the most hardware seconds each unit's task may cost; with a
+        ``[budget] profile_s`` cap, a unit whose bound does not fit what is left is not
+        dispatched.
+        """
         have = self.ev.measured
         todo = {u: sorted(b for b in bk if b not in have.get(u, {})) for u, bk in units.items() if u not in self.ev.failed}
-        todo = {u: bk for u, bk in todo.items() if bk}
+        todo = self._within_cap({u: bk for u, bk in todo.items() if bk}, bounds or {})
         told: set[tuple[int, int]] = set()
         try:
             while todo:
@@ -304,6 +331,8 @@ class UnitProfiler:
                 # whole unit and the end of its claim, one transaction
                 store(self.cache, self.fp, sp.target, m, self.runner.name, release_owner=self.owner)
                 self.ev.set_measured(unit, m.profiles)
+                if self.on_task is not None:
+                    self.on_task(unit, m)
                 ledger.note_measured(unit, UnitTask(tp=unit[0], batch=unit[1], buckets=tuple(sorted(m.profiles)),
                                                     node_id=m.node_id, started_at=m.started_at, ended_at=m.ended_at,
                                                     hardware_s=m.hardware_s, attempts=m.attempts))

@@ -5,11 +5,14 @@
    With nothing measured and no analytical prior, one anchor unit is profiled first.
 3. Rounds of an Optuna multi-objective study (NSGA-II by default) on *predictions*:
    measured profiles where the unit has them, a prior estimate where it does not.
-   After each round the units of the current (estimated) front that have no measured
-   profile are profiled as Ray tasks, one per unit, at most a few per round, those that
-   add the most hypervolume first; their candidates are
-   enqueued again so the sampler sees the measured values.  This repeats until the front
-   stands on measured units only, or the profiling budget is spent.
+   After each round ``planner`` chooses what to profile: the units and buckets expected
+   to add the most hypervolume to the measured front per hardware second, under the
+   physical prior's uncertainty (``economy``), each unit only as far as its candidates
+   need, a partly profiled unit extended when one needs more; they run as Ray tasks, one
+   per unit, and their front candidates are enqueued again so the sampler sees the
+   measured values. This repeats until no choice is expected to add ``[budget]
+   stop_gain`` of the front's hypervolume, or the next task might overrun
+   ``[budget] profile_s`` (checked before each dispatch).
 4. The final front keeps only candidates predicted from measured profiles; the top-k are
    confirmed on the hardware (the workload sample run by the runner).
 5. Everything lands in ``results/<run>/``; a rerun of the same command resumes.
@@ -46,17 +49,20 @@ from store import ProfileCache, resolve_cache_path
 
 from .confirm import confirm_front
 from .dispatch import Dispatcher, check_address
+from .economy import PER_ROUND
 from .evaluate import Evaluation, Evaluator
 from .ledger import RunLedger, software_versions
-from .prior import AmaliPrior, ScalingPrior
-from .profiler import UnitProfiler, unit_checker
+from .physical import PhysicalPrior
+from .planner import ProfilePlanner
+from .prior import AmaliPrior
+from .profiler import UnitMeasurement, UnitProfiler, unit_checker
 from .progress import bar
 from .results import (
     ResultsError, SearchResult, default_run_name, prepare_dir, results_error, trials_table,
     write_confirm, write_front, write_ledger, write_results,
 )
 from .selection import (
-    anchor_unit, by_latency, distinct, front_of, knee, measured_sweep, nearest, promising_units,
+    anchor_unit, by_latency, distinct, front_of, knee, nearest, promising_units,
 )
 from .study import DEFAULT_SAMPLER, STORE_FILE, SearchStudy, TrialStore, check_sampler
 
@@ -232,13 +238,18 @@ class _Search:
         self.study: SearchStudy | None = None
         self.nearest: list[Evaluation] = []
         self._sweep: tuple[object, list[Candidate]] = (None, [])
+        t = space.target
+        self.physical = PhysicalPrior(t.model, t.dtype, buckets=space.search.buckets, policy=t.bucket_policy,
+                                      max_output=space.profile.max_output, prefill=t.prefill)
+        self.planner = ProfilePlanner(space=space, requests=reqs, evaluator=self.ev, prior=self.physical,
+                                      per_round=PER_ROUND)
 
     def open(self, cache: ProfileCache, sampler: str) -> None:
         """Open the trial store (a rerun resumes from it) and the profiler on the cache."""
         self.profiler = UnitProfiler(space=self.sp, runner=self.runner, fingerprint=self.ledger.fingerprint,
                                      cache=cache, dispatcher=self.dispatcher, evaluator=self.ev, ledger=self.ledger,
                                      log=self.log, progress=self.progress, checkpoint=self.checkpoint,
-                                     retry_failed=self.retry_failed)
+                                     retry_failed=self.retry_failed, on_task=self._on_task)
         store = TrialStore(self.run_dir / STORE_FILE, study_name=self.run_dir.name, space=self.sp)
         self.study = SearchStudy(self.sp, store, sampler=sampler, study_name=self.run_dir.name)
 
@@ -260,10 +271,11 @@ class _Search:
             self.ev.set_failed(unit, why)
         for unit in self._units():
             self.profiler.adopt(unit)
+        self._note_cached_tasks()
         amali = AmaliPrior.for_hardware(sp.target.model, sp.target.dtype, sp.target.hardware, sp.target.prefill)
-        if amali is not None:
+        if amali is not None:  # the GPU prior: analytical, it needs no measured unit
             self.ev.priors.append(amali)
-        self.ev.priors.append(ScalingPrior(sp.target.model, sp.target.dtype, sp.target.prefill))
+        self.ev.priors.append(self.physical)
         self.log(f"{sp.target.name}: runner {sp.target.runner} on {sp.target.hardware}"
                  f"{' (SIMULATED)' if self.runner.simulated else ''}, fingerprint {ledger.fingerprint}; "
                  f"{len(self.reqs)} requests ({ledger.workload.source}); "
@@ -279,7 +291,9 @@ class _Search:
                 raise UserError("no unit of the space is feasible: " + "; ".join(
                     f"tp{t} b{b}: {self.ev.infeasible_reason(self._full(t, b))}" for t, b in self._units()))
             self.log(f"nothing measured yet: profiling anchor unit tp={anchor[0]} batch={anchor[1]} first")
-            self.profiler.profile({anchor: list(sp.search.buckets)})
+            # the buckets the workload runs in (and the longest, for the memory): the prior
+            # learns its shape from them, and the anchor's candidates need no more
+            self.profiler.profile({anchor: self.ev.needed(self._full(*anchor))})
             if not self.ev.measured:
                 raise LensoptError(f"profiling the anchor unit failed: {self.ev.failed.get(anchor)}")
 
@@ -296,13 +310,12 @@ class _Search:
                 study.trial(self.ev)
                 done += 1
                 shown.update(1)
-            promising = promising_units(self.evals(measured_only=False), self.sp, failed=self.ev.failed,
-                                        missing=self.ev.missing)
-            if promising and self.profiler.budget_left():
+            promising, bounds = self.plan()
+            if promising:
                 shown.clear()
-                self.log(f"profiling {len(promising)} promising unit(s): " + ", ".join(
+                self.log(f"profiling {len(promising)} unit(s): " + ", ".join(
                     f"tp{t}xb{b} [{' '.join(map(str, bk))}]" for (t, b), bk in promising.items()))
-                self.profiler.profile(promising)
+                self.profiler.profile(promising, bounds=bounds)
                 for e in front_of(self.evals(measured_only=False), self.sp):
                     if (e.candidate.tp, e.candidate.batch) in promising:
                         study.enqueue(e.candidate)
@@ -311,11 +324,52 @@ class _Search:
                 break
         shown.close()
 
+    def plan(self) -> tuple[dict[tuple[int, int], list[int]], dict[tuple[int, int], float]]:
+        """What to profile next (unit -> buckets) and each task's cost bound; nothing to stop."""
+        left = self.profiler.budget_left_s()
+        if left is not None and left <= 0:
+            self._stopped(f"[budget] profile_s ({self.sp.budget.profile_s:g} hardware-s) is spent")
+            return {}, {}
+        if not self.ev.measured or self.planner.cost.compile_model() is None:
+            # nothing measured (a GPU target's analytical prior) or no task priced yet (profiles
+            # imported without their hardware seconds): the estimated front's best unit, as needed
+            first = promising_units(self.evals(measured_only=False), self.sp, failed=self.ev.failed,
+                                    missing=self.ev.missing, per_round=1)
+            if not first:
+                self._stopped("no unmeasured unit is on the estimated front")
+            return first, {}
+        d = self.planner.decide(proposed=self.study.candidates(), measured=self.evals(measured_only=True),
+                                budget_left_s=left)
+        if not d.choices:
+            self._stopped(d.stop or "nothing to profile")
+        return {c.unit: list(c.buckets) for c in d.choices}, {c.unit: c.cost.high_s for c in d.choices}
+
+    def _stopped(self, why: str) -> None:
+        if self.ledger.profile_stop != why:
+            self.ledger.profile_stop = why
+            self.log(f"profiling stops: {why}")
+
+    def _on_task(self, unit: tuple[int, int], m: UnitMeasurement) -> None:
+        self.planner.note_task(unit, buckets=len(m.profiles), compile_s=m.compile_s, run_s=m.run_s,
+                               profiles=m.profiles)
+
+    def _note_cached_tasks(self) -> None:
+        """The hardware seconds of units profiled by earlier searches, each counted as one task
+        of its cached buckets (the cache keeps a unit's sum, not its tasks)."""
+        units = self.profiler.cache.units()
+        units = units[units["fingerprint"] == self.ledger.fingerprint] if len(units) else units
+        for r in units.itertuples():
+            prof = self.ev.measured.get((int(r.tp), int(r.batch)), {})
+            if prof:
+                self.planner.note_task((int(r.tp), int(r.batch)), buckets=len(prof), compile_s=r.compile_s,
+                                       run_s=r.run_s, profiles=prof)
+
     def candidates(self) -> list[Candidate]:
-        """Every candidate a trial proposed, plus every bucket set of the measured units."""
+        """Every candidate a trial proposed, plus every bucket set of the measured units that
+        their measured buckets cover."""
         key = tuple(sorted((u, tuple(sorted(p))) for u, p in self.ev.measured.items()))
         if self._sweep[0] != key:
-            self._sweep = (key, measured_sweep(self.sp.search, self.ev.measured))
+            self._sweep = (key, self.planner.measured_sweep())
         return list(dict.fromkeys(self.study.candidates() + self._sweep[1]))
 
     def evals(self, *, measured_only: bool) -> list[Evaluation]:

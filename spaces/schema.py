@@ -107,6 +107,9 @@ class Budget:
     confirm_timeout_s: float | None = setting(None, float, above=0, help="most seconds one confirmation task (the "
                                                                          "candidate's compile, warm-up and workload) "
                                                                          "may run; unset: no limit")
+    stop_gain: float = setting(0.002, float, min=0, below=1, hint="a fraction such as 0.002",
+                               help="profiling stops when no unit's buckets are expected to add this fraction of "
+                                    "the measured front's hypervolume")
     top_k: int = setting(3, int, min=1, help="candidates confirmed on the hardware")
     trials: int = setting(200, int, min=1, help="Optuna trials")
     tolerance: float = setting(0.10, float, above=0, below=10, hint="a fraction such as 0.1",

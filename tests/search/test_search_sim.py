@@ -12,8 +12,10 @@ from optuna.storages.journal import JournalFileBackend
 
 from conftest import write_space
 from search.cli import main
+from search.encoding import all_candidates
+from search.evaluate import Evaluator
 from search.run import run
-from spaces import load_space
+from spaces import load_requests, load_space
 from store import ProfileCache
 
 
@@ -51,7 +53,7 @@ def test_search_end_to_end_writes_every_result(tmp_path, ray_local):
     stored = _stored(rd)
     assert len(stored) == info["trials"] == 40
     assert all(t.user_attrs["candidate"]["tp"] == t.params["tp"] for t in stored)
-    assert {t.user_attrs["source"] for t in stored if t.state.name == "COMPLETE"} <= {"simulated", "estimate:scaling"}
+    assert {t.user_attrs["source"] for t in stored if t.state.name == "COMPLETE"} <= {"simulated", "estimate:physical"}
     # lensopt confirm reads the front back from run.json's ledger
     assert [[c["tp"], c["batch"], " ".join(map(str, c["ctx_buckets"]))] for c in info["front"]] == \
         front[["tp", "batch", "ctx_buckets"]].values.tolist()
@@ -167,6 +169,35 @@ def test_second_search_on_a_full_cache_profiles_nothing(tmp_path, ray_local):
     assert res.info["profile_tasks_this_run"] == 0
     assert res.info["units_measured"] == [] and len(res.info["units_reused"]) == 4
     assert len(res.front) >= 1
+
+
+def test_second_search_with_another_workload_profiles_only_what_it_needs(tmp_path, ray_local):
+    # device memory declared: a unit's longest bucket is then not needed to know it fits
+    space = write_space(tmp_path, extra="[hosts]\nmemory_gib_per_chip = 64\n")
+    first = _run(space, tmp_path, name="short", workload="sharegpt", confirm=False)
+    with ProfileCache.open(tmp_path / "cache.sqlite") as c:
+        before = c.frame()[["tp", "batch", "bucket", "measured_at"]]
+    assert first.info["units_measured"] and len(before) < 4 * 4  # the short workload left buckets unprofiled
+    second = _run(space, tmp_path, name="long", workload="cnn_dailymail", confirm=False)
+    with ProfileCache.open(tmp_path / "cache.sqlite") as c:
+        after = c.frame()[["tp", "batch", "bucket", "measured_at"]]
+    # nothing the cache held is measured again
+    merged = before.merge(after, on=["tp", "batch", "bucket"], suffixes=("_before", "_after"))
+    assert len(merged) == len(before) and (merged["measured_at_before"] == merged["measured_at_after"]).all()
+    # each bucket the second search measured completes a candidate whose prediction on the
+    # second workload runs in it: no bucket is profiled that no measured candidate uses
+    sp = load_space(space)
+    reqs, _ = load_requests(sp, workload="cnn_dailymail")
+    ev = Evaluator(sp, reqs)
+    have: dict = {}
+    for r in after.itertuples():
+        have.setdefault((r.tp, r.batch), set()).add(r.bucket)
+    new = after.merge(before, on=["tp", "batch", "bucket"], how="left", indicator=True)
+    new = new[new["_merge"] == "left_only"]
+    assert second.info["profile_tasks_this_run"] >= 1 and len(new)
+    for r in new.itertuples():
+        uses = [ev.used(c) for c in all_candidates(sp.search) if (c.tp, c.batch) == (r.tp, r.batch)]
+        assert any(r.bucket in u and u <= have[(r.tp, r.batch)] for u in uses), (r.tp, r.batch, r.bucket)
 
 
 def test_unmeetable_slo_finishes_and_reports_nearest(tmp_path, ray_local):
