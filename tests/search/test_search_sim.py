@@ -174,11 +174,12 @@ def test_second_search_on_a_full_cache_profiles_nothing(tmp_path, ray_local):
 def test_second_search_with_another_workload_profiles_only_what_it_needs(tmp_path, ray_local):
     # device memory declared: a unit's longest bucket is then not needed to know it fits
     space = write_space(tmp_path, extra="[hosts]\nmemory_gib_per_chip = 64\n")
-    first = _run(space, tmp_path, name="short", workload="sharegpt", confirm=False)
+    first = _run(space, tmp_path, name="long", workload="cnn_dailymail", confirm=False)
     with ProfileCache.open(tmp_path / "cache.sqlite") as c:
         before = c.frame()[["tp", "batch", "bucket", "measured_at"]]
-    assert first.info["units_measured"] and len(before) < 4 * 4  # the short workload left buckets unprofiled
-    second = _run(space, tmp_path, name="long", workload="cnn_dailymail", confirm=False)
+    # long prompts run in the long buckets only: the short ones are left unprofiled
+    assert first.info["units_measured"] and len(before) < 4 * 4
+    second = _run(space, tmp_path, name="short", workload="sharegpt", confirm=False)
     with ProfileCache.open(tmp_path / "cache.sqlite") as c:
         after = c.frame()[["tp", "batch", "bucket", "measured_at"]]
     # nothing the cache held is measured again
@@ -187,7 +188,7 @@ def test_second_search_with_another_workload_profiles_only_what_it_needs(tmp_pat
     # each bucket the second search measured completes a candidate whose prediction on the
     # second workload runs in it: no bucket is profiled that no measured candidate uses
     sp = load_space(space)
-    reqs, _ = load_requests(sp, workload="cnn_dailymail")
+    reqs, _ = load_requests(sp, workload="sharegpt")
     ev = Evaluator(sp, reqs)
     have: dict = {}
     for r in after.itertuples():
