@@ -381,6 +381,28 @@ def test_impossible_measurement_is_retried_then_left_out(tmp_path, ray_session, 
     fault.lost, fault.duplicated = 0, 0
 
 
+def test_a_resumed_run_keeps_its_failed_units_until_one_is_measured(tmp_path, ray_session, fault):
+    """A unit that failed in a run (not for good: an impossible measurement) is not profiled
+    again when the run resumes; once it is measured after all, the run no longer lists it."""
+    fault.fault = "a failed unit across a resume"
+    count = tmp_path / "calls"
+    space = toy_space(tmp_path, "--mode", "flat", "--fail-on", "profile", "--only-batch", "4", "--fail-times", "3",
+                      "--count-file", str(count))
+    fault.injected = "the first 3 profile calls of batch 4 are flat (one failed unit), later ones are good"
+    first = _run(space, tmp_path, profile_all=True, confirm=False, trials=8, name="r")
+    assert list(first.info["units_failed"]) == ["1x4"] and count.read_bytes() == b"..."
+    # the same command again resumes the run: the evaluator knows what its ledger says
+    again = _run(space, tmp_path, profile_all=True, confirm=False, trials=8, name="r")
+    assert count.read_bytes() == b"..."  # not profiled again
+    assert list(again.info["units_failed"]) == ["1x4"] and set(again.front["batch"]) == {1}
+    # asked to retry, the unit is measured (the program now answers well) and leaves the list
+    retry = _run(space, tmp_path, profile_all=True, confirm=False, trials=8, name="r", retry_failed=True)
+    assert count.read_bytes() == b"...."
+    assert retry.info["units_failed"] == {} and [1, 4] in retry.info["units_measured"]
+    assert "Units whose profiling failed" not in (retry.run_dir / "report.md").read_text()
+    fault.lost, fault.duplicated = 0, 0
+
+
 def test_noisy_measurement_is_kept_flagged_and_reported(tmp_path, ray_session, fault):
     fault.fault = "huge spread between repeats"
     space = toy_space(tmp_path, "--mode", "outlier", "--fail-on", "profile", "--only-batch", "4")
