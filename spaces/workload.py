@@ -100,17 +100,17 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
             raise UserError(f"{where}{exc}") from None
         scale = scale_by
     largest = space.search.buckets[-1] if max_len is None else max_len
-    what = f"the largest bucket {largest} of {'space.buckets in ' + str(space.path) if max_len is None else '--buckets'}"
+    what = f"the largest bucket {largest} of {'space.buckets' if max_len is None else '--buckets'}"
     fitted, dropped = fit_to(req, largest)
-    if dropped:
+    if dropped:  # the space file leads: its workload settings are what the fix changes
         if not drop:
             raise UserError(
-                f"{dropped} of {len(req)} sampled requests are longer than {what}; add a larger bucket, or set "
-                f"workload.drop_longer = true (--drop-longer)"
+                f"{space.path}: {dropped} of {len(req)} sampled requests of {src} are longer than {what}; add a "
+                f"larger bucket, or set workload.drop_longer = true (or pass --drop-longer)"
             )
         if len(fitted) == 0:
-            raise UserError(f"every sampled request of {src} is longer than {what}; add a larger bucket (or lower "
-                            f"workload.length_scale, --length-scale)")
+            raise UserError(f"{space.path}: every sampled request of {src} is longer than {what}; add a larger "
+                            f"bucket, or lower workload.length_scale (or pass --length-scale)")
     return fitted, WorkloadDescription(
         source=str(src), requests=n, seed=s, length_scale=scale, dropped_longer=dropped or None,
         override=workload is not None,

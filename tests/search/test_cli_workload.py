@@ -46,7 +46,9 @@ def test_flags_change_the_spaces_workload_settings(profiled, capsys):
     assert main(["predict", str(space), *UNIT, *BUCKETS, "--workload", "arxiv", "--no-drop-longer",
                  "--cache", str(cache)]) == 2
     err = capsys.readouterr().err
-    assert "longer than the largest bucket 1024 of --buckets" in err and "--drop-longer" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err  # one line: file, field, fix
+    assert err.startswith(f"lensopt: error: {space}: ") and "of arxiv are longer than the largest bucket 1024 of " \
+        "--buckets" in err and "workload.drop_longer = true" in err and "--drop-longer" in err
     small = _json(capsys, ["predict", str(space), *UNIT, *BUCKETS, "--workload", "arxiv", "--length-scale", "0.02",
                            "--requests", "30", "--seed", "3", "--cache", str(cache), "--json"])["workload"]
     assert small["length_scale"] == 0.02 and "dropped_longer" not in small
