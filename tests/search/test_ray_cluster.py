@@ -109,7 +109,10 @@ def ray_head(tmp_path):
     token.write_text(secrets.token_hex(32))
     # a Ray started earlier in this test session exports RAY_ADDRESS: never inherit it
     base = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env = {**base, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    env = {**base, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+           # the head declares a node dead after this many missed health checks (3 s apart; 5 by
+           # default): a raylet that a loaded 2-core host starves for a quarter of a minute is alive
+           "RAY_health_check_failure_threshold": "60"}
     procs: list[subprocess.Popen] = []
     try:
         _node(["--head", "--port", str(port), "--num-cpus", "1", "--include-dashboard", "false"], env, tmp_path, "head",
@@ -119,27 +122,50 @@ def ray_head(tmp_path):
         _stop(procs)
 
 
+#: the worker nodes: name and the fake accelerators each declares
+WORKERS = (("w1", 2), ("w2", 4))
+#: how the test finds the cluster's live nodes: waits (bounded) until all of them are seen
+_NODES_PY = """import ray, json, time
+ray.init(address='{addr}', logging_level='ERROR')
+deadline = time.monotonic() + {wait_s}
+while True:
+    nodes = [n for n in ray.nodes() if n['Alive']]
+    if len(nodes) == {want} or time.monotonic() > deadline: break
+    time.sleep(0.5)
+print('NODES=' + json.dumps([{{'id': n['NodeID'], 'acc': n['Resources'].get('fake_acc', 0)}} for n in nodes]))
+"""
+
+
+def _live_nodes(addr: str, env, want: int) -> list[dict]:
+    out = _ray_py(_NODES_PY.format(addr=addr, wait_s=START_S, want=want), env)
+    line = [x for x in out.splitlines() if x.startswith("NODES=")]
+    assert line, out[-2000:]
+    return json.loads(line[-1][len("NODES="):])
+
+
 @pytest.fixture
 def cluster(tmp_path, ray_head):
     """The head and two worker nodes declaring fake accelerators: (address, nodes, env)."""
     addr, env, procs = ray_head
-    # one node joining at a time is gentler on a 2-core machine
-    _node(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 2})], env, tmp_path, "w1", procs)
-    _node(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": 4})], env, tmp_path, "w2", procs)
-    # every node said it started; the head may still be registering the last one: wait for it
-    code = ("import ray, json, time\n"
-            f"ray.init(address='{addr}', logging_level='ERROR')\n"
-            f"deadline = time.monotonic() + {START_S}\n"
-            "while True:\n"
-            "    nodes = [n for n in ray.nodes() if n['Alive']]\n"
-            "    if len(nodes) == 3 or time.monotonic() > deadline: break\n"
-            "    time.sleep(0.5)\n"
-            "print('NODES=' + json.dumps([{'id': n['NodeID'], 'acc': n['Resources'].get('fake_acc', 0)} for n in nodes]))\n")
-    out = _ray_py(code, env)
-    line = [x for x in out.splitlines() if x.startswith("NODES=")]
-    assert line, out[-2000:]
-    nodes = json.loads(line[-1][len("NODES="):])
-    assert len(nodes) == 3, (nodes, [p.poll() for p in procs])
+
+    def worker(name: str, acc: int) -> subprocess.Popen:
+        # one node joining at a time is gentler on a 2-core machine
+        _node(["--address", addr, "--num-cpus", "2", "--resources", json.dumps({"fake_acc": acc})], env, tmp_path,
+              name, procs)
+        return procs[-1]
+
+    running = {name: worker(name, acc) for name, acc in WORKERS}
+    for attempt in range(3):
+        # every node said it started; the head may still be registering the last one: wait for it
+        nodes = _live_nodes(addr, env, want=1 + len(WORKERS))
+        if len(nodes) == 1 + len(WORKERS):
+            break
+        # a node that died after it started (a port another process took meanwhile) starts again
+        dead = [(n, acc) for n, acc in WORKERS if running[n].poll() is not None]
+        assert dead, (nodes, [p.poll() for p in procs], "every node runs but the head does not see them all")
+        for name, acc in dead:
+            running[name] = worker(f"{name}-again{attempt}", acc)
+    assert len(nodes) == 1 + len(WORKERS), (nodes, [p.poll() for p in procs])
     yield addr, nodes, env
 
 
