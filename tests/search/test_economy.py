@@ -1,6 +1,8 @@
 """The search economy's parts on small cases: hypervolume gains, the compile-time model, the
 linear designs, the physical prior's measured spread, the choice and its stop rules, and
 the whole choice loop on a tiny simulated space (no Ray: units are measured in-process)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -121,6 +123,26 @@ def test_the_physical_prior_spread_is_measured_and_covers_a_left_out_unit(tiny):
     assert bel2.measured.tolist() == [b == 128 for b in bel2.buckets]
     assert np.exp(bel2.log_ttft[0]) == pytest.approx(truth[128].ttft_s)
     assert bel2.shared_sd[0] < bel.shared_sd[0] and bel2.shared_sd[1] < bel.shared_sd[1]
+
+
+def test_with_batched_prefill_the_prior_keeps_ttft_as_one_call_of_the_batch(tiny):
+    sp, units = tiny
+    kw = dict(buckets=sp.search.buckets, policy="exclusive", max_output=sp.profile.max_output)
+    seq = PhysicalPrior(sp.target.model, sp.target.dtype, **kw)
+    bat = PhysicalPrior(sp.target.model, sp.target.dtype, prefill="batched", **kw)
+    measured = {u: m.profiles for u, m in units.items()}
+    for u in ((1, 4), (2, 16)):
+        for prior in (seq, bat):  # a measured unit's numbers come back as measured, either way
+            ttft, _ = prior.belief(*u, measured).median()
+            assert ttft == pytest.approx([measured[u][b].ttft_s for b in sp.search.buckets])
+    # profiles of a batched prefill (one call of the batch's prompts: batch x the per-row
+    # time) predict an unmeasured unit as batch x what the per-prompt profiles predict
+    part = {u: p for u, p in measured.items() if u[1] != 16}
+    as_batched = {u: {b: dataclasses.replace(p, ttft_s=p.ttft_s * u[1]) for b, p in prof.items()}
+                  for u, prof in part.items()}
+    a, _ = seq.belief(2, 16, part).median()
+    b, _ = bat.belief(2, 16, as_batched).median()
+    assert b == pytest.approx(16 * a, rel=1e-6)
 
 
 def _option(throughput_draws, cost_s, latency=1.0):
