@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from lens.compose import UnitTable, predict
-from lens.types import BucketProfile, Candidate, Requests
+from lens.types import PREFILLS, BucketProfile, Candidate, Requests
 
 #: latency statistics a design computes, as ``lens.metrics`` names them
 _STATS = {"mean": None, "p50": 50, "p90": 90, "p99": 99}
@@ -120,12 +120,13 @@ def quantile(x: np.ndarray, q: float, *, axis: int) -> np.ndarray:
     return a + (b - a) * (pos - lo)
 
 
-def build(candidate: Candidate, requests: Requests, *, policy: str, mode: str) -> Design:
-    """The design of ``candidate`` on ``requests``, read off ``predict`` one basis vector at a time."""
+def build(candidate: Candidate, requests: Requests, *, policy: str, mode: str, prefill: str = PREFILLS[0]) -> Design:
+    """The design of ``candidate`` on ``requests``, read off ``predict`` one basis vector at a time
+    (``mode``: the target's batching, ``prefill``: its prefill, as the evaluator predicts)."""
     ctx, tkg = tuple(candidate.ctx_buckets), tuple(candidate.tkg_buckets)
     placeholder = {b: BucketProfile(bucket=b, ttft_s=1.0, tbt_s=1.0, input_len=1, l1=1, l2=2, t1_s=0.0, t2_s=0.0,
                                     repeats=0, spread=0.0) for b in set(ctx) | set(tkg)}
-    table = UnitTable.build(candidate, placeholder, policy=policy)
+    table = UnitTable.build(candidate, placeholder, policy=policy, prefill=prefill)
     k = len(ctx) + len(tkg)
     n = len(requests)
     ttft = np.zeros((n, len(ctx)))
@@ -146,13 +147,13 @@ def build(candidate: Candidate, requests: Requests, *, policy: str, mode: str) -
 class Designs:
     """Designs of one workload, built once per (batch, bucket sets) as they are asked for."""
 
-    def __init__(self, requests: Requests, *, policy: str, mode: str):
-        self.requests, self.policy, self.mode = requests, policy, mode
+    def __init__(self, requests: Requests, *, policy: str, mode: str, prefill: str = PREFILLS[0]):
+        self.requests, self.policy, self.mode, self.prefill = requests, policy, mode, prefill
         self._cache: dict[tuple, Design] = {}
 
     def __call__(self, c: Candidate) -> Design:
         key = (c.batch, tuple(c.ctx_buckets), tuple(c.tkg_buckets))
         d = self._cache.get(key)
         if d is None:
-            d = self._cache[key] = build(c, self.requests, policy=self.policy, mode=self.mode)
+            d = self._cache[key] = build(c, self.requests, policy=self.policy, mode=self.mode, prefill=self.prefill)
         return d

@@ -24,8 +24,9 @@ part shared by all buckets of a unit (``unit_sd``: what the model gets wrong abo
 batch) and a part per bucket (``bucket_sd``): the per-shape quirks of the compiler, which
 no model of FLOPs and bytes can know, and measurement noise. Both are shrunk toward
 stated defaults with the weight of one unit, so a few lucky units do not make the prior
-overconfident, and a unit whose tp no measured unit shares gets the larger spread of the
-units that were themselves extrapolations when left out.
+overconfident, and a unit whose tp no measured unit shares, or whose batch lies outside
+the measured ones, gets the larger spread of the units that were themselves such
+extrapolations when left out.
 
 A partly measured unit is conditioned on its own buckets: their residuals estimate its
 shared offset, so its other buckets are predicted with the per-bucket spread only.
@@ -128,9 +129,15 @@ class Fit:
     coef: np.ndarray
     unit_sd: float
     bucket_sd: float
-    #: the unit spread of units whose tp no other measured unit shared
+    #: the unit spread of units that were extrapolations when left out (a tp no other
+    #: measured unit shared, or a batch outside the others' range)
     far_sd: float
     tps: frozenset
+    batches: tuple[float, float]
+
+    def far(self, tp: int, batch: int) -> bool:
+        """Whether the unit is an extrapolation from the measured units."""
+        return tp not in self.tps or not self.batches[0] <= batch <= self.batches[1]
 
 
 @dataclass(frozen=True)
@@ -258,7 +265,8 @@ class PhysicalPrior:
         good = [t for t in tried if t[0] <= least * (1 + TIE) + 1e-12]
         _, form, coef = max(good, key=lambda t: t[1].rho) if memory_bound else min(good, key=lambda t: t[0])
         unit_sd, bucket_sd, far_sd = self._loo(r, y, features, form)
-        return Fit(form, coef, unit_sd, bucket_sd, far_sd, frozenset(r.tp.tolist()))
+        return Fit(form, coef, unit_sd, bucket_sd, far_sd, frozenset(r.tp.tolist()),
+                   (float(r.batch.min()), float(r.batch.max())))
 
     def _loo(self, r: Rows, y: np.ndarray, features, form: _Form) -> tuple[float, float, float]:
         """Leave-one-unit-out residuals, split into a shared and a per-bucket spread."""
@@ -273,7 +281,8 @@ class PhysicalPrior:
             res = np.log(y[out] / np.maximum(pred, 1e-30))
             means.append(res.mean())
             dev.extend(res - res.mean())
-            if r.tp[out][0] not in set(r.tp[~out].tolist()):
+            rest = r.batch[~out]
+            if r.tp[out][0] not in set(r.tp[~out].tolist()) or not rest.min() <= r.batch[out][0] <= rest.max():
                 far.append(res.mean())
         unit_sd = _shrunk(means, DEFAULT_UNIT_SD)
         bucket_sd = _shrunk(dev, DEFAULT_BUCKET_SD)
@@ -291,7 +300,7 @@ class PhysicalPrior:
         logs, shared, per_bucket = [], [], []
         for fit, features, attr in ((fits[0], self._prefill, "ttft_s"), (fits[1], self._decode, "tbt_s")):
             log = np.log(np.maximum(features(grid, fit.form) @ fit.coef, 1e-30))
-            unit_sd = fit.far_sd if tp not in fit.tps else fit.unit_sd
+            unit_sd = fit.far_sd if fit.far(tp, batch) else fit.unit_sd
             sd = unit_sd
             if have.any():
                 per = self._rows(batch) if attr == "ttft_s" else 1

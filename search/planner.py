@@ -36,7 +36,8 @@ class ProfilePlanner:
         self.space, self.ev, self.prior, self.per_round = space, evaluator, prior, per_round
         sp = space.search
         self.cost = CostModel(buckets=sp.buckets, policy=space.target.bucket_policy, profile=space.profile)
-        self.designs = Designs(requests, policy=space.target.bucket_policy, mode=space.target.batching)
+        self.designs = Designs(requests, policy=space.target.bucket_policy, mode=space.target.batching,
+                               prefill=space.target.prefill)
         self._by_unit: dict[Unit, list[Candidate]] | None = None
 
     def by_unit(self) -> dict[Unit, list[Candidate]]:

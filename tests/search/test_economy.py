@@ -63,11 +63,12 @@ def test_reopening_a_unit_pays_its_fixed_compile_again(space_file):
     assert one.high_s > one.mean_s
 
 
-def test_a_design_predicts_what_compose_predicts(space_file):
+@pytest.mark.parametrize("prefill", ["sequential", "batched"])
+def test_a_design_predicts_what_compose_predicts(space_file, prefill):
     sp = load_space(space_file)
     reqs, _ = fit_to(sample("sharegpt", 50, 3), 1024)
     c = Candidate(1, 4, (256, 512, 1024), (256, 512, 1024))
-    designs = Designs(reqs, policy="exclusive", mode=sp.target.batching)
+    designs = Designs(reqs, policy="exclusive", mode=sp.target.batching, prefill=prefill)
     buckets = sp.search.buckets
     stack = DesignStack([designs(c)], buckets)
     rng = np.random.default_rng(0)
@@ -77,7 +78,7 @@ def test_a_design_predicts_what_compose_predicts(space_file):
     for d in range(3):
         prof = {b: BucketProfile(bucket=b, ttft_s=float(ttft[d, i]), tbt_s=float(tbt[d, i]), input_len=1, l1=1, l2=2,
                                  t1_s=0.0, t2_s=0.0, repeats=0, spread=0.0) for i, b in enumerate(buckets)}
-        p = predict(UnitTable.build(c, prof, policy="exclusive"), reqs, mode=sp.target.batching)
+        p = predict(UnitTable.build(c, prof, policy="exclusive", prefill=prefill), reqs, mode=sp.target.batching)
         want = summarize_prediction(reqs, p, chips=1)
         for n in names:
             assert got[n][0, d] == pytest.approx(want[n], rel=1e-9), n
