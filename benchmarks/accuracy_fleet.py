@@ -184,7 +184,8 @@ def _sequential_table(cand: Candidate, profiles: dict, policy: str) -> UnitTable
     """LENS's sequential machine model on the same probe runs: the probe's one prefill call read as
     ``batch`` prefills (TTFT_b / batch), prompts composed one at a time -- what LENS predicted on a
     batched device before its targets could say so."""
-    seq = {b: replace(p, ttft_s=p.ttft_s / cand.batch) for b, p in profiles.items()}
+    seq = {b: replace(p, ttft_s=p.ttft_s / cand.batch, ttft_err_s=p.ttft_err_s / cand.batch)
+           for b, p in profiles.items()}
     return UnitTable.build(cand, seq, policy=policy, prefill="sequential")
 
 
