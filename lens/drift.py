@@ -3,10 +3,13 @@
 A measurement made minutes or days after a profile meets a host that may have changed
 (CPU frequency, thermal state, a neighbour on a shared VM, another process). Its error
 against a prediction is then drift, not model error. Before a measurement, one probe of
-the profile -- the *reference probe* -- is run again; ``host_drift`` is its expected time
-now over its expected time in the cached profile (same estimator, ``lens.noise``): 1.0 is
-an unchanged host, 1.10 one 10% slower. A prediction corrected for drift is the
-prediction times ``host_drift`` (latencies) or divided by it (throughputs).
+the profile -- the *reference probe* -- is run again; ``host_drift`` is the median of its
+times now over the median of its repeats in the cached profile: 1.0 is an unchanged host,
+1.10 one 10% slower. Medians on both sides: a host that got slower moves every run, while
+a straggler in one of a few runs would move a mean by a share of a third; and the same
+statistic on both sides compares like with like (the profile's expected time adds a
+slow-call excess that a few runs now cannot estimate). A prediction corrected for drift
+is the prediction times ``host_drift`` (latencies) or divided by it (throughputs).
 """
 from __future__ import annotations
 
@@ -16,13 +19,16 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .buckets import select_index
-from .noise import expected_times
 from .types import BucketProfile, Probe
+
+
+#: the fewest repeats of the reference probe: the drift's own noise stays well under the drifts worth telling
+REFERENCE_REPEATS = 5
 
 
 @dataclass(frozen=True)
 class Reference:
-    """The probe run again to measure drift, and its expected time in the cached profile."""
+    """The probe run again to measure drift, and the median of its repeats in the cached profile."""
 
     probe: Probe
     cached_s: float
@@ -43,13 +49,14 @@ def reference_probe(profiles: Mapping[int, BucketProfile], input_len: Sequence[i
     if not have:
         return None
     p = min(have, key=lambda p: (p.t2_s, p.bucket))
-    return Reference(Probe(bucket=p.bucket, input_len=p.input_len, output_len=p.l2, repeats=repeats), p.t2_s)
+    cached = float(np.median(p.raw_t2)) if p.raw_t2 else p.t2_s  # a profile without its raw runs: its time
+    return Reference(Probe(bucket=p.bucket, input_len=p.input_len, output_len=p.l2,
+                           repeats=max(repeats, REFERENCE_REPEATS)), cached)
 
 
 def host_drift(ref: Reference, times_s: Sequence[float]) -> float:
-    """The reference probe's expected time now over its time in the profile."""
-    now, _ = expected_times([list(times_s)])
-    return float(now[0] / ref.cached_s)
+    """The median of the reference probe's times now over the median of its repeats in the profile."""
+    return float(np.median(np.asarray(times_s, dtype=float)) / ref.cached_s)
 
 
 def corrected(metric: str, value: float, drift: float) -> float:

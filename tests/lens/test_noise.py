@@ -1,11 +1,13 @@
 """The estimators of a probe's expected time, the bootstrap behind the derived spreads, the drift check."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from lens.compose import UnitTable, predict
-from lens.drift import corrected, host_drift, reference_probe
+from lens.drift import REFERENCE_REPEATS, corrected, host_drift, reference_probe
 from lens.noise import ESTIMATOR, ESTIMATORS, bootstrap_times, expected_times, spread
 from lens.types import BucketProfile, Candidate, Requests
 
@@ -53,6 +55,15 @@ def test_reference_probe_is_the_cheapest_long_run_of_a_bucket_the_prompts_use():
     assert ref.probe.bucket == 128 and ref.probe.output_len == 64 and ref.probe.repeats == 5 and ref.cached_s == 0.3
     assert reference_probe({}, [10], (64,), policy="exclusive", repeats=3) is None
     assert host_drift(ref, [0.33, 0.33, 0.33]) == pytest.approx(1.1)
+
+
+def test_host_drift_compares_medians_so_a_straggler_is_not_drift():
+    """The profile's repeats and the runs now: one straggling run on either side moves nothing."""
+    profiles = {128: dataclasses.replace(_profile(128, t2=0.31), raw_t2=(0.30, 0.30, 1.2))}
+    ref = reference_probe(profiles, [70], (64, 128), policy="exclusive", repeats=3)
+    assert ref.cached_s == pytest.approx(0.30) and ref.probe.repeats == REFERENCE_REPEATS
+    assert host_drift(ref, [0.30, 0.30, 1.2, 0.30, 0.30]) == pytest.approx(1.0)
+    assert host_drift(ref, [0.36, 0.36, 0.36, 0.36, 1.4]) == pytest.approx(1.2)
     assert corrected("e2e_p90_s", 2.0, 1.1) == pytest.approx(2.2)
     assert corrected("throughput_tok_s", 110.0, 1.1) == pytest.approx(100.0)
 
