@@ -1,0 +1,169 @@
+"""Continuous batching: predicted (LENS profiles + lens.serving) against measured, at three arrival rates.
+
+For each unit, the buckets are profiled on the runner (two runs per bucket, as a search
+does); then, per workload and rate, the same requests with the same arrivals are predicted
+and served ``--repeats`` times on the runner in continuous mode. The table compares request
+throughput and p50/p90 of TTFT, TPOT and E2E: the measured median over the repeats, its
+spread ((max - min) / median), and the prediction's error against the median.
+
+Rates are fractions of the unit's predicted saturation rate (every request arriving at
+once): light (0.15), about half (0.5) and near the knee (0.8), where queueing starts to
+dominate and small cost errors are amplified.
+
+Runners (``--runner``):
+- ``jax``: real XLA execution on this CPU (the quickstart model); requests released by the
+  wall clock, so a busy host shows up in the measurements;
+- ``command``: the example program examples/command_runner/toy_npu.py through the command
+  protocol; its device is SIMULATED (its own cost model and host effects, not lens').
+
+    python benchmarks/serving_accuracy.py [--runner jax|command] [--units 1x4,1x8]
+                                          [--requests 120] [--repeats 3] [--rates 0.15,0.5,0.8] [--csv FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lens import arrivals  # noqa: E402
+from lens.capacity import saturation_rate  # noqa: E402
+from lens.compose import UnitTable  # noqa: E402
+from lens.distributions import sample  # noqa: E402
+from lens.probes import plan_probes, solve  # noqa: E402
+from lens.serving import Scheduler, predict_serving  # noqa: E402
+from lens.serving_metrics import summarize_serving, summarize_serving_prediction  # noqa: E402
+from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
+from lens.workload import fit_to, read_trace, scale_lengths  # noqa: E402
+from runners import get_runner  # noqa: E402
+from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
+METRICS = ("request_throughput_req_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s",
+           "e2e_p90_s")
+SHORT = {"request_throughput_req_s": "throughput", "ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90",
+         "tpot_p50_s": "TPOT p50", "tpot_p90_s": "TPOT p90", "e2e_p50_s": "E2E p50", "e2e_p90_s": "E2E p90"}
+QUICKSTART = ModelShape(layers=4, hidden=256, heads=4, kv_heads=2, intermediate=688, vocab=4096)
+LLAMA_1B = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
+TOY = ROOT / "examples" / "command_runner" / "toy_npu.py"
+
+
+def setup(kind: str) -> tuple[Target, tuple[int, ...], float]:
+    """The target, its bucket set and the length scale that fits the workloads into it."""
+    if kind == "jax":
+        return (Target(name="serving-jax", runner="jax", hardware="cpu", bucket_policy="exclusive",
+                       dtype="float32", model=QUICKSTART), (64, 128, 256, 512), 0.2)
+    if kind == "command":
+        return (Target(name="serving-toy", runner="command", hardware="toy-npu", bucket_policy="exclusive",
+                       dtype="bfloat16", model=LLAMA_1B,
+                       options=(("argv", ["{python}", str(TOY)]), ("timeout_s", 600.0))),
+                (256, 512, 1024, 2048, 4096), 1.0)
+    raise SystemExit(f"--runner {kind!r}: use jax or command")
+
+
+def workloads(n: int, scale: float, top: int, seed: int) -> dict[str, tuple[Requests, np.ndarray]]:
+    """name -> (requests, arrival pattern at rate 1): Poisson for ShareGPT, the trace's own for Azure."""
+    share, _ = fit_to(scale_lengths(sample("sharegpt", 4 * n, seed), scale), top)
+    share = share.head(n)
+    azure, _ = fit_to(scale_lengths(read_trace(trace_path("azure_conv_2023.csv")), scale), top)
+    azure = arrivals.window(azure, n, seed=seed)
+    unit_azure = arrivals.rescale(azure.arrival_s, 1.0)
+    return {
+        "sharegpt (Poisson)": (Requests(share.input_len, share.output_len, name="sharegpt"),
+                               arrivals.unit_gaps(len(share), seed=seed)),
+        "azure-conv (trace arrivals)": (Requests(azure.input_len, azure.output_len, name="azure_conv"), unit_azure),
+    }
+
+
+def err(pred: float, meas: float) -> float:
+    return (pred - meas) / meas * 100 if meas else float("nan")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runner", default="jax", choices=("jax", "command"))
+    ap.add_argument("--units", default="1x4,1x8", help="tp x batch units, comma separated")
+    ap.add_argument("--requests", type=int, default=120)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rates", default="0.15,0.5,0.8", help="fractions of the predicted saturation rate")
+    ap.add_argument("--profile-repeats", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--csv", help="write the table here too")
+    ap.add_argument("--xla-threads", choices=("one", "many"), default="one",
+                    help="jax: one XLA CPU thread per graph (default) or XLA's default threading")
+    args = ap.parse_args(argv)
+    if args.xla_threads == "one":
+        # read when jax starts (get_runner imports it): on a shared 2-core host the tiny model's
+        # steps run faster on one thread, and no step waits on a straggling second one
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+
+    target, buckets, scale = setup(args.runner)
+    runner = get_runner(target)
+    sim = " (SIMULATED device)" if runner.simulated else ""
+    loads = workloads(args.requests, scale, buckets[-1], args.seed)
+    fracs = [float(x) for x in args.rates.split(",")]
+    sched = Scheduler()
+    rows = []
+    t_start = time.perf_counter()
+    for spec in args.units.split(","):
+        tp, batch = (int(x) for x in spec.split("x"))
+        res = runner.profile(Unit(target, tp, batch), plan_probes(buckets, policy=target.bucket_policy,
+                                                                  max_output=128, repeats=args.profile_repeats))
+        profiles = solve(res.runs, batch=batch, simulated=res.simulated)
+        cand = Candidate(tp, batch, buckets, buckets)
+        table = UnitTable.build(cand, profiles, policy=target.bucket_policy)
+        for wname, (req, unit_arr) in loads.items():
+            sat = saturation_rate(table, req, scheduler=sched)
+            for frac in fracs:
+                rate = frac * sat
+                timed = Requests(req.input_len, req.output_len, unit_arr / rate, req.name)
+                pred = summarize_serving_prediction(timed, predict_serving(table, timed, scheduler=sched), chips=tp)
+                meas = []
+                for _ in range(args.repeats):
+                    run = runner.run_workload(cand, timed, mode="continuous")
+                    meas.append(summarize_serving(timed, ttft_s=run.ttft_s, e2e_s=run.e2e_s, total_s=run.total_s,
+                                                  chips=tp))
+                for m in METRICS:
+                    vals = [x[m] for x in meas]
+                    med = statistics.median(vals)
+                    rows.append({"unit": f"tp{tp} b{batch}", "workload": wname, "rate_req_s": rate, "x_sat": frac,
+                                 "metric": SHORT[m], "predicted": pred[m], "measured": med,
+                                 "spread_%": (max(vals) - min(vals)) / med * 100 if med else float("nan"),
+                                 "error_%": err(pred[m], med)})
+                print(f"  done: tp{tp} b{batch} {wname} at {rate:.2f} req/s ({frac:g} x saturation {sat:.2f})",
+                      file=sys.stderr, flush=True)
+    print(f"Continuous batching on {args.runner}{sim}: {target.name}, buckets {list(buckets)}, "
+          f"{args.requests} requests per run, {args.repeats} repeats (median; spread = (max - min) / median), "
+          f"{time.perf_counter() - t_start:.0f} s")
+    print("(throughput in requests/s, latencies in ms; rate in requests/s and as a fraction of saturation)")
+    print(f"{'unit':8} {'workload':28} {'rate':>7} {'xsat':>5} {'metric':10} {'predicted':>10} {'measured':>10} "
+          f"{'spread':>7} {'error':>7}")
+    for r in rows:
+        k = 1.0 if r["metric"] == "throughput" else 1e3
+        print(f"{r['unit']:8} {r['workload']:28} {r['rate_req_s']:7.2f} {r['x_sat']:5.2f} {r['metric']:10} "
+              f"{r['predicted'] * k:10.2f} {r['measured'] * k:10.2f} {r['spread_%']:6.1f}% {r['error_%']:+6.1f}%")
+    errs = np.abs([r["error_%"] for r in rows])
+    print(f"|error|: median {np.median(errs):.1f}%, p90 {np.percentile(errs, 90):.1f}%, max {errs.max():.1f}%; "
+          f"within 10%: {(errs <= 10).sum()}/{len(errs)}")
+    for frac in fracs:
+        e = np.abs([r["error_%"] for r in rows if r["x_sat"] == frac])
+        print(f"  at {frac:g} x saturation: median {np.median(e):.1f}%, max {e.max():.1f}%, within 10%: "
+              f"{(e <= 10).sum()}/{len(e)}")
+    if args.csv:
+        import csv
+
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
