@@ -24,7 +24,7 @@ from .errors import (
 )
 from .metrics import summarize, summarize_prediction
 from .probes import NoisyMeasurement, plan_probes, solve
-from .serving import Scheduler, ServingPrediction, predict_serving
+from .serving import ServingPrediction, predict_serving
 from .serving_metrics import RequestSLO, summarize_serving, summarize_serving_prediction
 from .types import (
     BucketProfile,
@@ -34,6 +34,7 @@ from .types import (
     ProbeRun,
     ProfileResult,
     Requests,
+    Scheduler,
     Target,
     Unit,
     WorkloadRun,

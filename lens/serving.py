@@ -23,33 +23,10 @@ import numpy as np
 from .buckets import select_index
 from .compose import UnitTable, check_fit
 from .errors import UserError
-from .types import Requests
+from .types import Requests, Scheduler
 
-#: the two serving modes: static batches (lens.compose) or continuous batching (here)
-SERVING_MODES = ("static", "continuous")
-PRIORITIES = ("prefill", "decode")
 #: slack when comparing the device clock with an arrival (the clock is a sum of floats)
 _EPS = 1e-9
-
-
-@dataclass(frozen=True)
-class Scheduler:
-    """The scheduling choices real stacks differ on; defaults are NxD Inference's under vLLM."""
-
-    max_prefills: int = field(default=0, metadata={
-        "type": int, "min": 0,
-        "help": "prompts prefilled between two decode steps (0: no cap; vLLM on Neuron: 0, JetStream: 1)"})
-    prefill_priority: str = field(default="prefill", metadata={
-        "type": str, "choices": PRIORITIES,
-        "help": "prefill: arrivals during an iteration's prefills are admitted before its decode step (vLLM V0, "
-                "vLLM on Neuron); decode: only those waiting when the iteration began (vLLM V1)"})
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_prefills, bool) or not isinstance(self.max_prefills, (int, np.integer)) \
-                or self.max_prefills < 0:
-            raise UserError(f"max_prefills = {self.max_prefills!r}: give a whole number >= 0 (0: no cap)")
-        if self.prefill_priority not in PRIORITIES:
-            raise UserError(f"prefill_priority = {self.prefill_priority!r}: use one of {', '.join(PRIORITIES)}")
 
 
 def scheduler_of(target) -> Scheduler:

@@ -8,6 +8,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .errors import UserError
+
 POLICIES = ("exclusive", "inclusive")
 #: how a batch decodes: one shape for the whole batch, or each request in its own buckets
 BATCHING = ("static", "ragged")
@@ -17,6 +19,9 @@ PREFILLS = ("sequential", "batched")
 #: bytes per element of each dtype a target may name
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 DTYPES = tuple(DTYPE_BYTES)
+#: how a deployment takes requests: static batches, or continuous batching (docs/serving.md)
+SERVING_MODES = ("static", "continuous")
+PRIORITIES = ("prefill", "decode")
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,27 @@ class ModelShape:
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """The continuous-batching choices real stacks differ on (docs/serving.md); the defaults are
+    NxD Inference's under vLLM (the vllm-neuron scheduler)."""
+
+    max_prefills: int = field(default=0, metadata={
+        "type": int, "min": 0,
+        "help": "prompts prefilled between two decode steps (0: no cap; vLLM on Neuron: 0, JetStream: 1)"})
+    prefill_priority: str = field(default="prefill", metadata={
+        "type": str, "choices": PRIORITIES,
+        "help": "prefill: arrivals during an iteration's prefills are admitted before its decode step (vLLM V0, "
+                "vLLM on Neuron); decode: only those waiting when the iteration began (vLLM V1)"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_prefills, bool) or not isinstance(self.max_prefills, (int, np.integer)) \
+                or self.max_prefills < 0:
+            raise UserError(f"max_prefills = {self.max_prefills!r}: give a whole number >= 0 (0: no cap)")
+        if self.prefill_priority not in PRIORITIES:
+            raise UserError(f"prefill_priority = {self.prefill_priority!r}: use one of {', '.join(PRIORITIES)}")
 
 
 @dataclass(frozen=True)
