@@ -14,9 +14,12 @@ Runners (``--runner``):
 - ``jax``: real XLA execution on this CPU (the quickstart model); requests released by the
   wall clock, so a busy host shows up in the measurements;
 - ``command``: the example program examples/command_runner/toy_npu.py through the command
-  protocol; its device is SIMULATED (its own cost model and host effects, not lens').
+  protocol; its device is SIMULATED (its own cost model and host effects, not lens');
+- ``sim``: the simulated fleet (runners.sim, ``--hardware`` picks the devices), SIMULATED
+  with the effects real stacks have (real-context attention, KV copies, host costs,
+  stragglers, drift), stepped by its own continuous-batching machine.
 
-    python benchmarks/serving_accuracy.py [--runner jax|command] [--units 1x4,1x8]
+    python benchmarks/serving_accuracy.py [--runner jax|command|sim] [--units 1x4,1x8] [--hardware inf2,tpu-v6e]
                                           [--requests 120] [--repeats 3] [--rates 0.15,0.5,0.8] [--csv FILE]
 """
 from __future__ import annotations
@@ -54,8 +57,12 @@ LLAMA_1B = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate
 TOY = ROOT / "examples" / "command_runner" / "toy_npu.py"
 
 
-def setup(kind: str) -> tuple[Target, tuple[int, ...], float]:
+def setup(kind: str, hardware: str) -> tuple[Target, tuple[int, ...], float]:
     """The target, its bucket set and the length scale that fits the workloads into it."""
+    if kind == "sim":
+        policy = "inclusive" if hardware.startswith("tpu") else "exclusive"
+        return (Target(name=f"serving-sim-{hardware}", runner="sim", hardware=hardware, bucket_policy=policy,
+                       dtype="bfloat16", model=LLAMA_1B), (256, 512, 1024, 2048, 4096), 1.0)
     if kind == "jax":
         return (Target(name="serving-jax", runner="jax", hardware="cpu", bucket_policy="exclusive",
                        dtype="float32", model=QUICKSTART), (64, 128, 256, 512), 0.2)
@@ -64,7 +71,7 @@ def setup(kind: str) -> tuple[Target, tuple[int, ...], float]:
                        dtype="bfloat16", model=LLAMA_1B,
                        options=(("argv", ["{python}", str(TOY)]), ("timeout_s", 600.0))),
                 (256, 512, 1024, 2048, 4096), 1.0)
-    raise SystemExit(f"--runner {kind!r}: use jax or command")
+    raise SystemExit(f"--runner {kind!r}: use jax, command or sim")
 
 
 def workloads(n: int, scale: float, top: int, seed: int) -> dict[str, tuple[Requests, np.ndarray]]:
@@ -87,7 +94,8 @@ def err(pred: float, meas: float) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runner", default="jax", choices=("jax", "command"))
+    ap.add_argument("--runner", default="jax", choices=("jax", "command", "sim"))
+    ap.add_argument("--hardware", default="inf2,tpu-v6e", help="sim: the simulated devices, comma separated")
     ap.add_argument("--units", default="1x4,1x8", help="tp x batch units, comma separated")
     ap.add_argument("--requests", type=int, default=120)
     ap.add_argument("--repeats", type=int, default=3)
@@ -103,14 +111,27 @@ def main(argv=None) -> int:
         # steps run faster on one thread, and no step waits on a straggling second one
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
 
-    target, buckets, scale = setup(args.runner)
-    runner = get_runner(target)
-    sim = " (SIMULATED device)" if runner.simulated else ""
-    loads = workloads(args.requests, scale, buckets[-1], args.seed)
     fracs = [float(x) for x in args.rates.split(",")]
     sched = Scheduler()
     rows = []
     t_start = time.perf_counter()
+    devices = args.hardware.split(",") if args.runner == "sim" else [""]
+    for hw in devices:
+        target, buckets, scale = setup(args.runner, hw)
+        runner = get_runner(target)
+        sim = " (SIMULATED device)" if runner.simulated else ""
+        loads = workloads(args.requests, scale, buckets[-1], args.seed)
+        rows += measure(args, runner, target, buckets, loads, fracs, sched)
+    print(f"Continuous batching on {args.runner}{sim}: {', '.join(setup(args.runner, h)[0].name for h in devices)}, "
+          f"buckets {list(buckets)}, {args.requests} requests per run, {args.repeats} repeats (median; "
+          f"spread = (max - min) / median), {time.perf_counter() - t_start:.0f} s")
+    report(rows, fracs, args.csv)
+    return 0
+
+
+def measure(args, runner, target, buckets, loads, fracs, sched) -> list[dict]:
+    """Profile each unit, then predict and serve every workload at every rate."""
+    rows = []
     for spec in args.units.split(","):
         tp, batch = (int(x) for x in spec.split("x"))
         res = runner.profile(Unit(target, tp, batch), plan_probes(buckets, policy=target.bucket_policy,
@@ -132,21 +153,22 @@ def main(argv=None) -> int:
                 for m in METRICS:
                     vals = [x[m] for x in meas]
                     med = statistics.median(vals)
-                    rows.append({"unit": f"tp{tp} b{batch}", "workload": wname, "rate_req_s": rate, "x_sat": frac,
-                                 "metric": SHORT[m], "predicted": pred[m], "measured": med,
+                    rows.append({"unit": f"{target.hardware} tp{tp} b{batch}", "workload": wname,
+                                 "rate_req_s": rate, "x_sat": frac, "metric": SHORT[m], "predicted": pred[m], "measured": med,
                                  "spread_%": (max(vals) - min(vals)) / med * 100 if med else float("nan"),
                                  "error_%": err(pred[m], med)})
                 print(f"  done: tp{tp} b{batch} {wname} at {rate:.2f} req/s ({frac:g} x saturation {sat:.2f})",
                       file=sys.stderr, flush=True)
-    print(f"Continuous batching on {args.runner}{sim}: {target.name}, buckets {list(buckets)}, "
-          f"{args.requests} requests per run, {args.repeats} repeats (median; spread = (max - min) / median), "
-          f"{time.perf_counter() - t_start:.0f} s")
+    return rows
+
+
+def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
     print("(throughput in requests/s, latencies in ms; rate in requests/s and as a fraction of saturation)")
-    print(f"{'unit':8} {'workload':28} {'rate':>7} {'xsat':>5} {'metric':10} {'predicted':>10} {'measured':>10} "
+    print(f"{'unit':14} {'workload':28} {'rate':>7} {'xsat':>5} {'metric':10} {'predicted':>10} {'measured':>10} "
           f"{'spread':>7} {'error':>7}")
     for r in rows:
         k = 1.0 if r["metric"] == "throughput" else 1e3
-        print(f"{r['unit']:8} {r['workload']:28} {r['rate_req_s']:7.2f} {r['x_sat']:5.2f} {r['metric']:10} "
+        print(f"{r['unit']:14} {r['workload']:28} {r['rate_req_s']:7.2f} {r['x_sat']:5.2f} {r['metric']:10} "
               f"{r['predicted'] * k:10.2f} {r['measured'] * k:10.2f} {r['spread_%']:6.1f}% {r['error_%']:+6.1f}%")
     errs = np.abs([r["error_%"] for r in rows])
     print(f"|error|: median {np.median(errs):.1f}%, p90 {np.percentile(errs, 90):.1f}%, max {errs.max():.1f}%; "
@@ -155,14 +177,13 @@ def main(argv=None) -> int:
         e = np.abs([r["error_%"] for r in rows if r["x_sat"] == frac])
         print(f"  at {frac:g} x saturation: median {np.median(e):.1f}%, max {e.max():.1f}%, within 10%: "
               f"{(e <= 10).sum()}/{len(e)}")
-    if args.csv:
+    if csv_path:
         import csv
 
-        with open(args.csv, "w", newline="") as fh:
+        with open(csv_path, "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    return 0
 
 
 if __name__ == "__main__":

@@ -29,11 +29,6 @@ from .types import Requests, Scheduler
 _EPS = 1e-9
 
 
-def scheduler_of(target) -> Scheduler:
-    """The scheduling choices of ``target`` (its defaults until the target names them)."""
-    return getattr(target, "scheduler", None) or Scheduler()
-
-
 @dataclass(frozen=True, eq=False)
 class ServingPrediction:
     """Per-request times of one continuous-batching run (seconds on the run's clock)."""

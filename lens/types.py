@@ -95,6 +95,8 @@ class Target:
         "type": str, "choices": PREFILLS,
         "help": "sequential (a batch's prompts encoded one at a time: NxD Inference's ctx_batch_size = 1) or "
                 "batched (in one call of shape (batch, bucket of the longest prompt): vLLM, NxD ctx_batch_size = batch)"})
+    scheduler: Scheduler = field(default_factory=Scheduler, metadata={
+        "help": "the continuous-batching choices of the deployed stack ([target.scheduler], docs/serving.md)"})
 
     def option(self, key: str, default: Any = None) -> Any:
         for k, v in self.options:
@@ -114,6 +116,7 @@ class Target:
             "seed": self.seed,
             "batching": self.batching,
             "prefill": self.prefill,
+            "scheduler": asdict(self.scheduler),
         }
 
 

@@ -43,7 +43,6 @@ import numpy as np
 
 from lens.buckets import check_policy, select_index, validate_buckets
 from lens.errors import DeviceOutOfMemory, RunnerError, UnitRefused, UserError
-from lens.serving import scheduler_of
 from lens.types import Candidate, Probe, ProbeRun, ProfileResult, Requests, Target, Unit, WorkloadRun
 
 from .base import MODES, Runner
@@ -268,7 +267,7 @@ class CommandRunner(Runner):
         if mode == "continuous":  # sent only then: a program that declares no modes never sees the keys
             request["mode"] = mode
             request["requests"]["arrival_s"] = [float(a) for a in requests.arrival_s]
-            request["scheduler"] = asdict(scheduler_of(self.target))
+            request["scheduler"] = asdict(self.target.scheduler)
         ttft, e2e, total_s, compile_s, run_s, host = self._call("run_workload", request, lambda r: _parse_workload(r, n))
         return WorkloadRun(
             ttft_s=ttft,

@@ -30,7 +30,6 @@ import numpy as np
 
 from lens.buckets import check_policy, select, select_index, validate_buckets
 from lens.errors import RunnerError, UserError
-from lens.serving import scheduler_of
 from lens.types import Candidate, Probe, ProbeRun, ProfileResult, Requests, Target, Unit, WorkloadRun
 
 from .base import Runner
@@ -411,7 +410,7 @@ class JaxRunner(Runner):
             dev.append(jax.device_put(padded, ts.repl))
         arrival = np.asarray(requests.arrival_s, np.float64)
         arrival = arrival - arrival.min()
-        sched = scheduler_of(self.target)
+        sched = self.target.scheduler
         out = serve(params=ts.params, state=st, put=lambda a: jax.device_put(a, ts.repl), prompts=dev,
                     input_len=requests.input_len, output_len=requests.output_len, arrival_s=arrival, ctx=ctx,
                     tkg=tkg, policy=pol, max_prefills=sched.max_prefills, eager=sched.prefill_priority == "prefill",

@@ -26,6 +26,7 @@ from .kernels import UnitGraphs
 from .machine import generate
 from .options import MOVED, OPTIONS_SCHEMA, SimOptions, parse
 from .select import bucket_index, check_buckets, check_policy
+from .serving import serve
 from .stacks import STACKS
 
 SIM_VERSION = "lensopt-sim 2.0"
@@ -36,6 +37,7 @@ class SimRunner(Runner):
 
     name = "sim"
     simulated = True
+    modes = ("static", "continuous")
     options_schema: dict[str, tuple[type, Any]] = OPTIONS_SCHEMA
     moved_options = MOVED
 
@@ -192,7 +194,7 @@ class SimRunner(Runner):
                 raise UserError(f"sim runner: request {i}: {why(i)}; add a larger bucket or shorten the request")
 
     def run_workload(self, candidate: Candidate, requests: Requests, *, mode: str = "static") -> WorkloadRun:
-        self.check_mode(mode, requests)  # static batches only: the simulated stacks serve no continuous mode yet
+        self.check_mode(mode, requests)
         tp, B = candidate.tp, candidate.batch
         self.check_unit(Unit(self.target, tp, B))
         self._wall_delay()
@@ -205,6 +207,8 @@ class SimRunner(Runner):
         self._check_requests(requests, ctx, tkg)
         g = self._graphs(tp, B)
         compile_s = self._compile(g, ctx, tkg)
+        if mode == "continuous":
+            return self._serve(g, requests, ctx, tkg, compile_s)
         ttft, e2e, total = np.empty(n), np.empty(n), 0.0
         for start in range(0, n, B):  # static batches, one after another, in order
             sl = slice(start, min(start + B, n))
@@ -213,4 +217,18 @@ class SimRunner(Runner):
             total += out.total_s
         return WorkloadRun(ttft_s=ttft, e2e_s=e2e, total_s=float(total), compile_s=float(compile_s),
                            run_s=float(total), host=self.host(), simulated=True)
+
+    def _serve(self, g: UnitGraphs, requests: Requests, ctx: tuple[int, ...], tkg: tuple[int, ...],
+               compile_s: float) -> WorkloadRun:
+        """Continuous batching (``runners.sim.serving``) from the clock's time; the clock moves on."""
+        self._calls += 1
+        sched = self.target.scheduler
+        out = serve(g, self._host, self.options, input_len=requests.input_len, output_len=requests.output_len,
+                    arrival_s=requests.arrival_s, ctx_buckets=ctx, tkg_buckets=tkg,
+                    policy=self.target.bucket_policy, key=(self.target.seed, g.tp, g.batch, self._calls),
+                    clock_s=self.clock.now(), max_prefills=sched.max_prefills,
+                    eager=sched.prefill_priority == "prefill")
+        self.clock.advance(out.total_s)
+        return WorkloadRun(ttft_s=out.ttft_s, e2e_s=out.e2e_s, total_s=out.total_s, compile_s=float(compile_s),
+                           run_s=out.total_s, host=self.host(), simulated=True, mode="continuous")
 
