@@ -44,7 +44,7 @@ from lens.probes import plan_probes, solve  # noqa: E402
 from lens.serving import Scheduler, predict_serving  # noqa: E402
 from lens.serving_metrics import summarize_serving, summarize_serving_prediction  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
-from lens.workload import fit_to, read_trace, scale_lengths  # noqa: E402
+from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
@@ -79,7 +79,7 @@ def workloads(n: int, scale: float, top: int, seed: int) -> dict[str, tuple[Requ
     share, _ = fit_to(scale_lengths(sample("sharegpt", 4 * n, seed), scale), top)
     share = share.head(n)
     azure, _ = fit_to(scale_lengths(read_trace(trace_path("azure_conv_2023.csv")), scale), top)
-    azure = arrivals.window(azure, n, seed=seed)
+    azure = window(azure, n, seed=seed)
     unit_azure = arrivals.rescale(azure.arrival_s, 1.0)
     return {
         "sharegpt (Poisson)": (Requests(share.input_len, share.output_len, name="sharegpt"),

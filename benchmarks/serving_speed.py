@@ -29,7 +29,7 @@ from lens.compose import UnitTable  # noqa: E402
 from lens.probes import plan_probes, solve  # noqa: E402
 from lens.serving import Scheduler, predict_serving  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
-from lens.workload import fit_to, read_trace  # noqa: E402
+from lens.workload import fit_to, read_trace, window  # noqa: E402
 from runners import get_runner  # noqa: E402
 from spaces import ProfileSettings  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
 
     trace = read_trace(args.trace)
     fitted, dropped = fit_to(trace, BUCKETS[-1])
-    req = arrivals.window(fitted, args.requests, seed=0)
+    req = window(fitted, args.requests, seed=0)
     sched = Scheduler()
     sat = saturation_rate(table, req, scheduler=sched)
     poisson = Requests(req.input_len, req.output_len, arrivals.poisson(len(req), rate=sat, seed=0), req.name)

@@ -78,19 +78,25 @@ def with_arrivals(requests: Requests, arrival_s: np.ndarray) -> Requests:
     return Requests(requests.input_len, requests.output_len, a, requests.name)
 
 
-def window(requests: Requests, n: int, *, seed: int) -> Requests:
-    """``n`` consecutive requests of a trace, from a seeded start: its arrival process unthinned.
+def assign(requests: Requests, *, rate: float | None, burstiness: float = 1.0,
+           seed: int = 0) -> tuple[Requests, str, float]:
+    """Arrival times for serving ``requests``: (requests with them, where they came from, nominal rate).
 
-    Random rows (``workload.sample``) would thin the arrivals; a window keeps their pattern.
-    The window's arrivals start at 0.
+    ``rate`` None: the requests' own arrival times (a trace's), shifted to start at 0.
+    ``rate`` given: a trace's own arrivals rescaled to that mean rate (their burstiness
+    kept), or, for requests without arrival times, a seeded Poisson/Gamma process.
     """
-    total = len(requests)
-    if n >= total:
-        out = requests
-    else:
-        start = int(np.random.default_rng(seed).integers(0, total - n + 1))
-        out = Requests(requests.input_len[start:start + n], requests.output_len[start:start + n],
-                       None if requests.arrival_s is None else requests.arrival_s[start:start + n], requests.name)
-    if out.arrival_s is not None:
-        out = Requests(out.input_len, out.output_len, out.arrival_s - out.arrival_s.min(), out.name)
-    return out
+    own = requests.arrival_s
+    if rate is None:
+        if own is None:
+            raise UserError("continuous serving needs arrival times: give an arrival rate (requests per second), "
+                            "or a trace with an arrival column")
+        a = np.asarray(own, np.float64) - float(np.min(own))
+        return with_arrivals(requests, a), "trace", mean_rate(a)
+    rate = check_rate(rate)
+    if own is not None and math.isfinite(mean_rate(own)):
+        if burstiness != 1.0:
+            raise UserError(f"burstiness {burstiness:g} shapes Poisson arrivals; these requests bring their own arrival "
+                            f"times (rescaled to the rate), so leave burstiness at 1")
+        return with_arrivals(requests, rescale(own, rate)), "trace, rescaled", rate
+    return with_arrivals(requests, poisson(len(requests), rate=rate, seed=seed, burstiness=burstiness)), "poisson", rate

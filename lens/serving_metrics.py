@@ -107,6 +107,7 @@ def summarize_serving(
     good = (slo or RequestSLO()).good(ttft_s=ttft_s, tpot_s=tpot, e2e_s=e2e_s)
     dur = float(total_s)
     m["request_throughput_req_s"] = n / dur if dur > 0 else math.nan
+    m["request_throughput_req_s_per_chip"] = m["request_throughput_req_s"] / chips
     m["request_goodput_req_s"] = float(good.sum()) / dur if dur > 0 else math.nan
     m["goodput_req_s_per_chip"] = m["request_goodput_req_s"] / chips
     m["good_fraction"] = float(good.mean())

@@ -95,6 +95,10 @@ class Target:
         "type": str, "choices": PREFILLS,
         "help": "sequential (a batch's prompts encoded one at a time: NxD Inference's ctx_batch_size = 1) or "
                 "batched (in one call of shape (batch, bucket of the longest prompt): vLLM, NxD ctx_batch_size = batch)"})
+    serving: str = field(default="static", metadata={
+        "type": str, "choices": SERVING_MODES,
+        "help": "static (requests run in fixed batches) or continuous (requests take free slots as they arrive, "
+                "docs/serving.md)"})
     scheduler: Scheduler = field(default_factory=Scheduler, metadata={
         "help": "the continuous-batching choices of the deployed stack ([target.scheduler], docs/serving.md)"})
 
@@ -116,6 +120,7 @@ class Target:
             "seed": self.seed,
             "batching": self.batching,
             "prefill": self.prefill,
+            "serving": self.serving,
             "scheduler": asdict(self.scheduler),
         }
 

@@ -151,6 +151,12 @@ def sample(requests: Requests, n: int, *, seed: int) -> Requests:
     return Requests(requests.input_len[idx], requests.output_len[idx], arr, requests.name)
 
 
+def is_trace(source: str | Path) -> bool:
+    """Whether ``source`` names a trace file (else a built-in distribution)."""
+    p = Path(source)
+    return p.suffix.lower() in (".csv", ".jsonl", ".ndjson") or p.exists()
+
+
 def load_workload(
     source: str | Path,
     *,
@@ -159,16 +165,21 @@ def load_workload(
     input_column: str | None = None,
     output_column: str | None = None,
     arrival_column: str | None = None,
+    consecutive: bool = False,
 ) -> Requests:
     """A trace file path or a built-in distribution name -> ``requests`` requests.
 
-    ``requests=None``: all of a trace, ``DEFAULT_REQUESTS`` of a distribution.
+    ``requests=None``: all of a trace, ``DEFAULT_REQUESTS`` of a distribution. A trace is
+    sampled by random rows, or with ``consecutive`` as a window of consecutive rows (its
+    arrival process unthinned, for serving with arrivals).
     """
     check_sample(DEFAULT_REQUESTS if requests is None else requests, seed)
     p = Path(source)
-    if p.suffix.lower() in (".csv", ".jsonl", ".ndjson") or p.exists():
+    if is_trace(p):
         full = read_trace(p, input_column=input_column, output_column=output_column, arrival_column=arrival_column)
-        return full if requests is None else sample(full, requests, seed=seed)
+        if requests is None:
+            return full
+        return window(full, requests, seed=seed) if consecutive else sample(full, requests, seed=seed)
     from . import distributions  # built-in named workloads
 
     return distributions.sample(str(source), DEFAULT_REQUESTS if requests is None else requests, seed)
@@ -190,3 +201,21 @@ def scale_lengths(requests: Requests, factor: float) -> Requests:
         raise UserError(f"length_scale = {factor} makes requests longer than {MAX_TOKENS:,} tokens")
     f = lambda x: np.maximum(np.rint(x * factor), 1).astype(np.int64)  # noqa: E731
     return Requests(f(requests.input_len), f(requests.output_len), requests.arrival_s, requests.name)
+
+
+def window(requests: Requests, n: int, *, seed: int) -> Requests:
+    """``n`` consecutive requests of a trace, from a seeded start: its arrival process unthinned.
+
+    Random rows (``sample``) would thin the arrivals; a window keeps their pattern.
+    The window's arrivals start at 0.
+    """
+    total = len(requests)
+    if n >= total:
+        out = requests
+    else:
+        start = int(np.random.default_rng(seed).integers(0, total - n + 1))
+        out = Requests(requests.input_len[start:start + n], requests.output_len[start:start + n],
+                       None if requests.arrival_s is None else requests.arrival_s[start:start + n], requests.name)
+    if out.arrival_s is not None:
+        out = Requests(out.input_len, out.output_len, out.arrival_s - out.arrival_s.min(), out.name)
+    return out

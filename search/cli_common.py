@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lens.errors import UserError
-from lens.types import BATCHING, Candidate, Requests, Target
+from lens.types import BATCHING, SERVING_MODES, Candidate, Requests, Target
 from spaces import Space, WorkloadDescription, load_requests, load_space
 from spaces.schema import WorkloadSpec, flag_help
 
@@ -74,7 +74,8 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-longer", action=argparse.BooleanOptionalAction, default=None,
                    help=flag_help(WorkloadSpec, "drop_longer", "drop sampled requests longer than the largest of "
                                                                "--buckets instead of stopping with an error"))
-    p.add_argument("--mode", choices=BATCHING, help=flag_help(Target, "batching"))
+    p.add_argument("--mode", choices=BATCHING + SERVING_MODES[1:],
+                   help=flag_help(Target, "batching") + "; continuous: " + flag_help(Target, "serving"))
 
 
 def space_and_unit(args) -> tuple[Space, int, int]:
@@ -108,26 +109,41 @@ def candidate_from_args(args, space: Space) -> Candidate:
 _SAMPLE_FLAGS = ("workload", "requests", "seed", "length_scale", "drop_longer")
 
 
-def requests_for(args, space: Space, cand: Candidate) -> tuple[Requests, WorkloadDescription | None]:
+def mode_of(args, space: Space) -> str:
+    """--mode, else the space's: continuous when target.serving is, else its target.batching."""
+    if args.mode:
+        return args.mode
+    return "continuous" if space.target.serving == "continuous" else space.target.batching
+
+
+def requests_for(args, space: Space, cand: Candidate, *,
+                 mode: str = "static") -> tuple[Requests, WorkloadDescription | None]:
     """The requests of ``predict``/``measure``: the lengths given, else a workload sample.
 
     The sample is ``--workload`` or, without it, the space's ``[workload]``; either way with
     the space's settings (requests, seed, length_scale, drop_longer) unless a flag changes
     them, fitted to the candidate's largest buckets. Its description says what was dropped.
+    In ``mode`` continuous the requests carry arrival times (``spaces.load_requests``; for
+    lengths given on the command line, ``search.cli_serving.with_arrivals``).
     """
+    continuous = mode == "continuous"
     if args.input_len or args.output_len:
         given = [f"--{k.replace('_', '-')}" for k in _SAMPLE_FLAGS if getattr(args, k) is not None]
         if given:
             raise UserError(f"give either --input-len/--output-len or a workload ({', '.join(given)}), not both")
-        return requests_from_args(args, cand.batch), None
+        return requests_from_args(args, cand.batch, continuous=continuous), None
     if args.workload is None and space.workload is None:
         raise UserError(f"give --input-len and --output-len, or --workload FILE|NAME ({space.path} has no [workload])")
     return load_requests(space, workload=args.workload, requests=args.requests, seed=args.seed,
                          length_scale=args.length_scale, drop_longer=args.drop_longer,
-                         max_len=min(max(cand.ctx_buckets), max(cand.tkg_buckets)))
+                         max_len=min(max(cand.ctx_buckets), max(cand.tkg_buckets)),
+                         serving="continuous" if continuous else "static",
+                         arrival_rate=getattr(args, "request_rate", None), burstiness=getattr(args, "burstiness", None))
 
 
-def requests_from_args(args, batch: int) -> Requests:
+def requests_from_args(args, batch: int, *, continuous: bool = False) -> Requests:
+    """The requests of --input-len/--output-len: at most ``batch`` of them (one static batch), or,
+    ``continuous``, a queue of any length."""
     if not (args.input_len and args.output_len):
         raise UserError("give --input-len and --output-len (or --workload FILE|NAME)")
     ins = int_list(args.input_len, flag="--input-len")
@@ -135,7 +151,7 @@ def requests_from_args(args, batch: int) -> Requests:
     n = max(len(ins), len(outs))
     if len(ins) not in (1, n) or len(outs) not in (1, n):
         raise UserError(f"--input-len has {len(ins)} values and --output-len {len(outs)}: give one value or one per request")
-    if n > batch:
+    if n > batch and not continuous:
         raise UserError(f"{n} requests for --batch {batch}: give at most one value per request of the batch, or use --workload")
     ins = ins * n if len(ins) == 1 else ins
     outs = outs * n if len(outs) == 1 else outs

@@ -12,6 +12,8 @@ from lens.compose import UnitTable, predict
 from lens.drift import host_drift, reference_probe
 from lens.errors import MissingProfiles
 from lens.metrics import summarize, summarize_prediction, tpot_of
+from lens.serving import predict_serving
+from lens.serving_metrics import summarize_serving, summarize_serving_prediction
 from runners import get_runner
 from spaces import ProfileSettings
 from spaces.schema import check, flag_help
@@ -19,8 +21,9 @@ from store import ProfileCache, resolve_cache_path
 
 from .cli_common import (
     add_cache_arg, add_request_args, add_space_arg, add_unit_args, candidate_from_args, fmt_s, int_arg, int_list,
-    print_json, requests_for, space_and_unit, table,
+    mode_of, print_json, requests_for, space_and_unit, table,
 )
+from .cli_serving import add_serving_args, check_serving_args, print_serving, request_slo, with_arrivals
 from .profiler import check_subset, profile_missing
 
 #: most end-to-end runs of one ``measure`` (each runs the whole request list)
@@ -44,6 +47,7 @@ def register(sub) -> None:
     add_space_arg(p)
     add_unit_args(p, buckets_required=True)
     add_request_args(p)
+    add_serving_args(p)
     add_cache_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_predict)
@@ -53,6 +57,7 @@ def register(sub) -> None:
     add_space_arg(p)
     add_unit_args(p, buckets_required=True)
     add_request_args(p)
+    add_serving_args(p)
     add_cache_arg(p)
     p.add_argument("--repeats", type=int_arg, default=3, help="repeats; per-request medians are reported (default 3)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -181,19 +186,57 @@ def _report(kind: str, requests, ttft, tpot, e2e, summary: dict, extra: dict, as
             print(f"  {k}: {v}")
 
 
+def _requests(args, space, cand):
+    """The mode and the requests; under continuous mode with arrival times and the per-request SLOs
+    (the serving record: where the arrivals came from, their rate, the SLOs)."""
+    mode = mode_of(args, space)
+    check_serving_args(args, mode)
+    requests, sample = requests_for(args, space, cand, mode=mode)
+    if mode != "continuous":
+        return mode, requests, sample, None
+    if sample is None:  # lengths from the command line: arrivals from the flags or the space
+        requests, how, rate = with_arrivals(args, space, requests)
+    else:
+        how, rate = sample.arrivals, sample.arrival_rate
+    return mode, requests, sample, (how, rate, request_slo(args, space))
+
+
+def _serving_out(kind: str, args, requests, summary: dict, extra: dict, serving, label: str, sample,
+                 ttft, tpot, e2e) -> None:
+    how, rate, slo = serving
+    if args.json:
+        wl = {} if sample is None else {"workload": sample.to_json()}
+        print_json({"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "arrival_s": requests.arrival_s, **extra,
+                    "arrivals": how, "request_rate": rate, **wl, "summary": summary})
+        return
+    if sample is not None:
+        label += "\n" + sample_line(sample, len(requests))
+    print_serving(kind, summary, arrivals_from=how, rate=rate, slo=slo, label=label)
+    for k, v in extra.items():
+        if k != "host_drift" and not isinstance(v, dict):  # the drift gets a line of its own
+            print(f"  {k}: {v}")
+
+
 def cmd_predict(args) -> int:
     space, tp, batch = space_and_unit(args)
     cand = candidate_from_args(args, space)
-    requests, sample = requests_for(args, space, cand)
+    mode, requests, sample, serving = _requests(args, space, cand)
     runner = get_runner(space.target)
     tbl = _load_table(args, space, cand, runner)
-    mode = args.mode or space.target.batching
+    sources = ",".join(tbl.sources)
+    label = f"prediction (LENS from {sources} profiles) for {cand.label()} on {space.target.name}"
+    if serving is not None:
+        spred = predict_serving(tbl, requests, scheduler=space.target.scheduler)
+        summary = summarize_serving_prediction(requests, spred, chips=tp, slo=serving[2])
+        extra = {"mode": mode, "scheduler": str(space.target.scheduler), "profile_source": sources,
+                 "decode_steps": spred.decode_steps}
+        _serving_out("predicted", args, requests, summary, extra, serving, label, sample, spred.ttft_s, spred.tpot_s,
+                     spred.e2e_s)
+        return 0
     pred = predict(tbl, requests, mode=mode)
     summary = summarize_prediction(requests, pred, chips=tp)
-    sources = ",".join(tbl.sources)
     extra = {"mode": mode, "profile_source": sources, "prefill_padding": round(pred.prefill_padding, 4),
              "decode_padding": round(pred.decode_padding, 4)}
-    label = f"prediction (LENS from {sources} profiles) for {cand.label()} on {space.target.name}"
     _report("predicted", requests, pred.ttft_s, pred.tpot_s, pred.e2e_s, summary, extra, args.json, label, sample)
     return 0
 
@@ -201,7 +244,7 @@ def cmd_predict(args) -> int:
 def cmd_measure(args) -> int:
     space, tp, batch = space_and_unit(args)
     cand = candidate_from_args(args, space)
-    requests, sample = requests_for(args, space, cand)
+    mode, requests, sample, serving = _requests(args, space, cand)
     if not 1 <= args.repeats <= MAX_MEASURE_REPEATS:
         from lens.errors import UserError
 
@@ -209,7 +252,9 @@ def cmd_measure(args) -> int:
     runner = get_runner(space.target)
     from lens.types import Unit
 
-    if args.mode and args.mode != space.target.batching and runner.refuses_batching(
+    serve_mode = "continuous" if serving is not None else "static"
+    runner.check_mode(serve_mode, requests)  # a runner that does not serve it says so before anything runs
+    if args.mode and args.mode != "continuous" and args.mode != space.target.batching and runner.refuses_batching(
             dataclasses.replace(space.target, batching=args.mode)):
         from lens.errors import UserError
 
@@ -230,7 +275,7 @@ def cmd_measure(args) -> int:
                                          "now_s": drift * ref.cached_s, "times_s": list(got.times_s)}}
     runs = []
     for _ in range(args.repeats):
-        runs.append(runner.run_workload(cand, requests))
+        runs.append(runner.run_workload(cand, requests, mode=serve_mode))
     wall = time.perf_counter() - t0
     ttft = np.median(np.stack([r.ttft_s for r in runs]), axis=0)
     e2e_all = np.stack([r.e2e_s for r in runs])
@@ -238,7 +283,10 @@ def cmd_measure(args) -> int:
     total = float(np.median([r.total_s for r in runs]))
     spread_each = (e2e_all.max(axis=0) - e2e_all.min(axis=0)) / e2e
     tpot = tpot_of(ttft, e2e, requests.output_len)
-    summary = summarize(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp)
+    if serving is not None:
+        summary = summarize_serving(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp, slo=serving[2])
+    else:
+        summary = summarize(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp)
     sim = any(r.simulated for r in runs) or runner.simulated
     extra = {
         "repeats": args.repeats,
@@ -251,11 +299,14 @@ def cmd_measure(args) -> int:
         # the reference probe's time now over its time in the cached profile (null: nothing cached to compare)
         "host_drift": drift,
         **ref_extra,
-        **_prediction_error(space, cand, profiles, requests, e2e, drift),
+        **_prediction_error(space, cand, profiles, requests, e2e, drift, serving=serving is not None),
     }
     label = (f"measurement ({'SIMULATED ' if sim else ''}{space.target.runner} on {space.target.hardware}, "
              f"median of {args.repeats}) for {cand.label()} on {space.target.name}")
-    _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label, sample)
+    if serving is not None:
+        _serving_out("measured", args, requests, summary, extra, serving, label, sample, ttft, tpot, e2e)
+    else:
+        _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label, sample)
     if not args.json:
         print(_drift_line(drift, ref))
     return 0
@@ -270,11 +321,13 @@ def _cached(args, runner, cand) -> dict:
         return cache.get_unit(runner.fingerprint(), cand.tp, cand.batch)
 
 
-def _prediction_error(space, cand, profiles, requests, e2e, drift) -> dict:
-    """Per-request E2E error of the cached profiles' prediction, as is and corrected for the host's drift."""
+def _prediction_error(space, cand, profiles, requests, e2e, drift, *, serving: bool) -> dict:
+    """Per-request E2E error of the cached profiles' prediction, as is and corrected for the host's drift
+    (``serving``: the continuous-batching prediction at the same arrivals)."""
     try:
-        pred = predict(UnitTable.build(cand, profiles, policy=space.target.bucket_policy, prefill=space.target.prefill),
-                       requests, mode=space.target.batching)
+        tbl = UnitTable.build(cand, profiles, policy=space.target.bucket_policy, prefill=space.target.prefill)
+        pred = (predict_serving(tbl, requests, scheduler=space.target.scheduler) if serving
+                else predict(tbl, requests, mode=space.target.batching))
     except MissingProfiles:
         return {}
     out = {"prediction_e2e_mape_pct": float(np.mean(np.abs(pred.e2e_s - e2e) / e2e) * 100)}

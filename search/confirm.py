@@ -2,15 +2,18 @@
 
 The picks are spread along the front (both ends included; near-duplicate points left out),
 one of them traded for the least certain prediction near the knee
-(``selection.confirm_pick``); each runs the whole workload sample as one Ray task, after a
-warm-up run that compiles its graphs (both count as hardware seconds). Just before the
-workload, the task runs one reference probe of the unit again (``lens.drift``):
-``host_drift`` says how much slower (> 1) or faster the host is than when it profiled. A
-confirmation disagreeing by more than ``budget.tolerance`` on any of ``CONFIRM_METRICS`` is
-flagged -- judged on the prediction re-scaled by the drift when the drift is over
-``budget.drift_tolerance`` (``drift_action = "rescaled"``), since a slower host is not a
-model error; both errors are kept. A failed one (an error, or past
-``budget.confirm_timeout_s``) is recorded with its error.
+(``selection.confirm_pick``); each runs the whole workload sample as one Ray task (under
+continuous serving, released at the same arrival times as predicted), after a warm-up run
+that compiles its graphs (both count as hardware seconds). Just before the workload, the
+task runs one reference probe of the unit again (``lens.drift``): ``host_drift`` says how
+much slower (> 1) or faster the host is than when it profiled. A confirmation disagreeing
+by more than ``budget.tolerance`` on any of ``CONFIRM_METRICS`` is flagged -- judged on the
+prediction re-scaled by the drift when the drift is over ``budget.drift_tolerance``
+(``drift_action = "rescaled"``), since a slower host is not a model error; both errors are
+kept. Under continuous serving the drift is recorded but never re-scales the prediction:
+below saturation the throughput is the offered rate whatever the host's speed, and queueing
+is not proportional to it. A failed one (an error, or past ``budget.confirm_timeout_s``) is
+recorded with its error.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import numpy as np
 from lens.drift import corrected as drift_corrected
 from lens.drift import host_drift, reference_probe
 from lens.metrics import summarize
+from lens.serving_metrics import RequestSLO, summarize_serving
 from lens.types import BucketProfile, Candidate, Requests
 from spaces import Space
 
@@ -107,7 +111,10 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
                                          policy=space.target.bucket_policy, repeats=space.profile.repeats)
             for e in picks}
     cap = space.budget.confirm_s
-    metrics = tuple(dict.fromkeys(CONFIRM_METRICS + (space.objectives.throughput, space.objectives.latency)))
+    continuous = space.target.serving == "continuous"
+    # the sustainable rate is a bisection over many runs: confirmation measures at the workload's own rate
+    metrics = tuple(m for m in dict.fromkeys(CONFIRM_METRICS + (space.objectives.throughput, space.objectives.latency))
+                    if m != "sustainable_rate_req_s_per_chip")
     out: list[Confirmation] = []
     log(f"confirming {len(picks)} candidate(s) on the hardware with the {len(requests)}-request workload")
     shown = bar(len(picks), "confirming", progress)
@@ -122,12 +129,17 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
             run = done.value
             wr = run.workload
             ledger.confirm_hardware_s += wr.compile_s + wr.run_s + run.reference_hardware_s
-            meas = summarize(requests, ttft_s=wr.ttft_s, e2e_s=wr.e2e_s, total_s=wr.total_s, chips=c.tp)
+            if continuous:
+                meas = summarize_serving(requests, ttft_s=wr.ttft_s, e2e_s=wr.e2e_s, total_s=wr.total_s, chips=c.tp,
+                                         slo=RequestSLO.from_constraints(dict(space.slo)))
+            else:
+                meas = summarize(requests, ttft_s=wr.ttft_s, e2e_s=wr.e2e_s, total_s=wr.total_s, chips=c.tp)
             drift = host_drift(refs[c], run.reference_s) if refs[c] and run.reference_s else None
             per_req = np.abs(ev.prediction.e2e_s - wr.e2e_s) / wr.e2e_s
-            fixed = None if drift is None else float((np.abs(ev.prediction.e2e_s * drift - wr.e2e_s) / wr.e2e_s).mean() * 100)
+            fixed = None if drift is None or continuous else float(
+                (np.abs(ev.prediction.e2e_s * drift - wr.e2e_s) / wr.e2e_s).mean() * 100)
             action = "no reference" if drift is None else (
-                "rescaled" if abs(drift - 1) > space.budget.drift_tolerance else "none")
+                "rescaled" if abs(drift - 1) > space.budget.drift_tolerance and not continuous else "none")
             conf = Confirmation(c, flagged=False, simulated=wr.simulated, predicted={m: ev.metrics[m] for m in metrics},
                                 measured={m: meas[m] for m in metrics}, e2e_request_mape_pct=float(per_req.mean() * 100),
                                 host_drift=drift, drift_action=action, e2e_request_mape_corrected_pct=fixed)

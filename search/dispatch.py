@@ -91,12 +91,13 @@ def _confirm_task(target: Target, candidate: Candidate, requests: Requests, refe
     yield _started()
     try:
         runner = get_runner(target)
+        runner.check_mode(target.serving, requests)  # before compiling anything
         warm = runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
         times, hw = None, 0.0
         if reference is not None:  # how fast the host is now, just before the workload (lens.drift)
             res = runner.profile(Unit(target, candidate.tp, candidate.batch), [reference])
             times, hw = tuple(res.runs[0].times_s), res.compile_s + res.run_s
-        run = runner.run_workload(candidate, requests)
+        run = runner.run_workload(candidate, requests, mode=target.serving)  # the same arrivals as predicted
     except _PERMANENT as exc:
         yield _Permanent.of(exc)
         return

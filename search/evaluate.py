@@ -1,4 +1,9 @@
-"""Evaluating candidates on predictions: feasibility, LENS composition, objectives, SLOs."""
+"""Evaluating candidates on predictions: feasibility, LENS composition, objectives, SLOs.
+
+Static batches compose with ``lens.compose``; continuous serving (``[target] serving``) with
+``lens.serving`` at the workload's arrival times, and the largest sustainable rate
+(``lens.capacity``) is found only when an objective asks for it.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -9,9 +14,13 @@ from typing import Callable, Mapping
 import numpy as np
 
 from lens.buckets import bucket_ranges, select_index
+from lens.arrivals import mean_rate
+from lens.capacity import max_sustainable_rate
 from lens.compose import Prediction, UnitTable, predict
 from lens.errors import LensoptError
 from lens.metrics import summarize_prediction
+from lens.serving import ServingPrediction, predict_serving
+from lens.serving_metrics import RequestSLO, summarize_serving_prediction
 from lens.types import BucketProfile, Candidate, Requests
 from spaces import Space
 
@@ -34,7 +43,7 @@ class Evaluation:
     source: str = ""
     infeasible: str | None = None
     #: the per-request prediction behind ``metrics`` (None when infeasible, or dropped by the memo)
-    prediction: Prediction | None = field(default=None, compare=False, repr=False)
+    prediction: Prediction | ServingPrediction | None = field(default=None, compare=False, repr=False)
     #: metric -> (low, high) from the profiles' +- (``Evaluator.evaluate(interval=True)``); empty when not asked
     bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -82,6 +91,15 @@ class Evaluator:
         # decode contexts of this workload lie in [shortest prompt + 1, longest prompt + output - 1]
         self._contexts = ((int(requests.input_len[dec].min()) + 1, int((requests.input_len + requests.output_len - 1)[dec].max()))
                           if dec.any() else None)
+        self.continuous = space.target.serving == "continuous"
+        if self.continuous:
+            if requests.arrival_s is None:
+                raise LensoptError("continuous serving needs requests with arrival times (spaces.load_requests)")
+            w = space.workload
+            self.rate = w.arrival_rate if w is not None and w.arrival_rate is not None else mean_rate(requests.arrival_s)
+            #: the arrival pattern at one request per second: a rate sweep divides it by the rate
+            self.unit_arrival_s = requests.arrival_s * self.rate
+            self.request_slo = RequestSLO.from_constraints(dict(space.slo))
 
     # -- profiles -----------------------------------------------------------------------
     def set_measured(self, unit: tuple[int, int], profiles: Mapping[int, BucketProfile]) -> None:
@@ -223,30 +241,67 @@ class Evaluator:
         try:
             tbl = UnitTable.build(c, prof, policy=self.space.target.bucket_policy,
                                   prefill=self.space.target.prefill)
-            pred = predict(tbl, self.requests, mode=self.space.target.batching, interval=interval)
+            if self.continuous:
+                pred = predict_serving(tbl, self.requests, scheduler=self.space.target.scheduler)
+                metrics = self._serving_metrics(c, tbl, pred)
+                # the band: the same machine on the profiles one standard error below and above
+                ends = [self._serving_metrics(c, t, predict_serving(t, self.requests,
+                                                                   scheduler=self.space.target.scheduler))
+                        for t in (tbl.shifted(-1.0), tbl.shifted(1.0))] if interval else None
+            else:
+                pred = predict(tbl, self.requests, mode=self.space.target.batching, interval=interval)
+                metrics = self._metrics(c, pred)
+                ends = ([self._metrics(c, pred.low), self._metrics(c, pred.high)]
+                        if pred.low is not None and pred.high is not None else None)
         except LensoptError as exc:
             return Evaluation(c, infeasible=str(exc))
-        metrics = self._metrics(c, pred)
         if not all(math.isfinite(metrics[k]) for k in (self.space.objectives.throughput, self.space.objectives.latency)):
             return Evaluation(c, infeasible="objective is undefined for this workload (e.g. TPOT of one-token outputs)")
         bounds = {}
-        if pred.low is not None and pred.high is not None:
-            lo, hi = self._metrics(c, pred.low), self._metrics(c, pred.high)
+        if ends is not None:
+            lo, hi = ends
             bounds = {k: (min(lo[k], hi[k]), max(lo[k], hi[k])) for k in metrics
                       if isinstance(metrics[k], float) and k in lo and k in hi}
         return Evaluation(c, metrics=metrics, source=source, prediction=pred, bounds=bounds)
 
     def _metrics(self, c: Candidate, pred: Prediction) -> dict:
-        metrics = summarize_prediction(self.requests, pred, chips=c.tp)
+        return self._per_host(c, summarize_prediction(self.requests, pred, chips=c.tp))
+
+    def _per_host(self, c: Candidate, metrics: dict) -> dict:
         cph = self.space.hosts.chips_per_host
         if cph:
             metrics["throughput_tok_s_per_host"] = metrics["throughput_tok_s_per_chip"] * (cph // c.tp) * c.tp
         return metrics
+
+    def _serving_metrics(self, c: Candidate, tbl: UnitTable, pred: ServingPrediction) -> dict[str, float]:
+        sp = self.space
+        metrics = summarize_serving_prediction(self.requests, pred, chips=c.tp, slo=self.request_slo)
+        if sp.objectives.throughput == "sustainable_rate_req_s_per_chip":
+            found = self.sustainable(c, tbl)
+            metrics["sustainable_rate_req_s"] = found.rate_req_s
+            metrics["sustainable_rate_req_s_per_chip"] = found.rate_req_s / c.tp
+        return self._per_host(c, metrics)
+
+    def table(self, c: Candidate) -> UnitTable:
+        """The per-bucket numbers of a candidate that has profiles (measured, or from a prior)."""
+        prof, _ = self._profiles(c)
+        if prof is None:
+            raise LensoptError(f"no profiles for {c.label()}")
+        return UnitTable.build(c, prof, policy=self.space.target.bucket_policy, prefill=self.space.target.prefill)
+
+    def sustainable(self, c: Candidate, tbl: UnitTable | None = None):
+        """The largest sustainable rate of ``c`` on this workload's arrival pattern (``lens.capacity``)."""
+        tbl = self.table(c) if tbl is None else tbl
+        return max_sustainable_rate(tbl, self.requests, unit_arrival_s=self.unit_arrival_s,
+                                    scheduler=self.space.target.scheduler, chips=c.tp, slo=dict(self.space.slo),
+                                    max_queue_growth=self.space.objectives.max_queue_growth)
 
     def reevaluate(self, candidates) -> list[Evaluation]:
         return [self.evaluate(c) for c in candidates]
 
 
 def _nbytes(e: Evaluation) -> int:
+    """Bytes of an evaluation's per-request arrays (a static or a serving prediction)."""
     p = e.prediction
-    return 0 if p is None else sum(a.nbytes for a in (p.ttft_s, p.tpot_s, p.e2e_s, p.batch_s))
+    return 0 if p is None else sum(getattr(p, f.name).nbytes for f in dataclasses.fields(p)
+                                   if isinstance(getattr(p, f.name), np.ndarray))

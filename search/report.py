@@ -1,4 +1,5 @@
-"""``report.md``, ``report.html``, ``pareto.png`` and ``staircase.png`` of a search."""
+"""``report.md``, ``report.html``, ``pareto.png``, ``staircase.png`` (and, for continuous serving,
+``rate_sweep.png``) of a search."""
 from __future__ import annotations
 
 import io
@@ -14,6 +15,7 @@ from . import fmt
 from .html import page
 from .ledger import RunLedger, unit_key
 from .selection import NEAR_DUPLICATE
+from .sweep import RateSweep
 
 #: prediction columns of the front, nearest-candidate and trial tables a person reads, in order
 #: (the space's objectives are added when they are not among them)
@@ -22,8 +24,17 @@ FRONT_METRICS = ("throughput_tok_s", "throughput_tok_s_per_chip", "ttft_p50_s", 
 CONFIRM_SHOWN = ("throughput_tok_s", "e2e_p90_s", "ttft_p50_s", "tpot_p50_s")
 
 
+#: continuous serving's request rates (lens.serving_metrics, lens.capacity): their labels
+RATE_LABELS = {"request_throughput_req_s": "request throughput", "request_throughput_req_s_per_chip":
+               "request throughput per chip", "request_goodput_req_s": "goodput", "goodput_req_s_per_chip":
+               "goodput per chip", "sustainable_rate_req_s": "sustainable rate", "sustainable_rate_req_s_per_chip":
+               "sustainable rate per chip"}
+
+
 def metric_label(name: str) -> str:
     """``ttft_p50_s`` -> ``TTFT p50``; ``throughput_tok_s_per_chip`` -> ``throughput per chip``."""
+    if name in RATE_LABELS:
+        return RATE_LABELS[name]
     if name.startswith("throughput_tok_s"):
         rest = name[len("throughput_tok_s"):].replace("_", " ").strip()
         return rest or "throughput"
@@ -33,6 +44,8 @@ def metric_label(name: str) -> str:
 
 def metric_value(name: str, v: Any) -> str:
     """A metric's value with its unit, three significant figures."""
+    if name in RATE_LABELS:
+        return f"{fmt.sig(v)} req/s"
     if name.startswith("throughput"):
         return fmt.tok_s(v)
     if name.endswith("_padding"):
@@ -140,11 +153,14 @@ def workload_line(ledger: RunLedger) -> str:
             + ")"]
     bits.append(f"input {fmt.sig(w.input_mean)} tokens on average (at most {w.input_max:,}), output "
                 f"{fmt.sig(w.output_mean)} (at most {w.output_max:,})")
+    if w.arrivals:
+        bits.append(f"arriving at {fmt.sig(w.arrival_rate)} requests/s ({w.arrivals})")
     return ", ".join(bits)
 
 
 def _plots(run_dir: Path, space: Space, front: pd.DataFrame, trials: pd.DataFrame, confirm: pd.DataFrame | None,
-           staircase: Mapping[int, BucketProfile], simulated: bool, estimate_only: bool = False) -> dict[str, bytes]:
+           staircase: Mapping[int, BucketProfile], simulated: bool, estimate_only: bool = False,
+           sweep: RateSweep | None = None) -> dict[str, bytes]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,7 +186,10 @@ def _plots(run_dir: Path, space: Space, front: pd.DataFrame, trials: pd.DataFram
         ax.scatter(confirm[f"{lcol}_measured"], confirm[f"{tcol}_measured"],
                    marker="*", s=160, c="#228833", label="confirmed on hardware (measured)", zorder=4)
     ax.set_xlabel(f"{metric_label(lcol)} latency (s)")
-    ax.set_ylabel(f"{'throughput ' if tcol != 'throughput_tok_s' else ''}{metric_label(tcol)} (tok/s)")
+    if tcol in RATE_LABELS:
+        ax.set_ylabel(f"{metric_label(tcol)} (requests/s)")
+    else:
+        ax.set_ylabel(f"{'throughput ' if tcol != 'throughput_tok_s' else ''}{metric_label(tcol)} (tok/s)")
     ax.set_title(f"{space.target.name}: throughput vs latency{tag}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -193,9 +212,66 @@ def _plots(run_dir: Path, space: Space, front: pd.DataFrame, trials: pd.DataFram
         fig.tight_layout()
         out["staircase.png"] = _png(fig)
         plt.close(fig)
+    if sweep is not None and len(sweep.points):
+        out["rate_sweep.png"] = sweep_plot(sweep, space=space, tag=tag)
     for name, data in out.items():
         (run_dir / name).write_bytes(data)
     return out
+
+
+def sweep_plot(sweep: RateSweep, *, space: Space, tag: str) -> bytes:
+    """Against the arrival rate: the latency objective (log scale) and goodput per chip."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    points, cap = sweep.points, sweep.capacity
+    lcol = space.objectives.latency
+    ycol = lcol if lcol in points else "e2e_p90_s"
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, (label, g) in enumerate(points.groupby("candidate", sort=False)):
+        color = f"C{i % 10}"
+        a1.plot(g["rate_req_s"], g[ycol], marker="o", ms=3, c=color, label=label)
+        a2.plot(g["rate_req_s"], g["goodput_req_s_per_chip"], marker="o", ms=3, c=color, label=label)
+        sus = cap.loc[cap["candidate"] == label, "sustainable_rate_req_s"]
+        if len(sus) and sus.iloc[0] > 0:
+            for a in (a1, a2):
+                a.axvline(sus.iloc[0], c=color, ls=":", lw=1)
+    for a in (a1, a2):
+        a.axvline(sweep.rate, c="k", ls="--", lw=1, label="the workload's rate")
+        a.set_xscale("log")
+        a.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        a.xaxis.set_major_formatter(ScalarFormatter())
+        a.xaxis.set_minor_formatter(NullFormatter())
+        a.set_xlabel("arrival rate (requests/s)")
+        a.grid(alpha=0.3)
+    a1.set_yscale("log")
+    a1.set_ylabel(f"{metric_label(ycol)} latency (s)")
+    a2.set_ylabel("goodput per chip (requests/s within every SLO)")
+    a1.legend(fontsize=6)
+    fig.suptitle(f"{space.target.name}: predicted latency and goodput vs arrival rate (dotted: largest sustainable "
+                 f"rate){tag}", fontsize=9)
+    fig.tight_layout()
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def sweep_md(sweep: RateSweep, space: Space) -> list[str]:
+    """The report's section on latency against the arrival rate (continuous serving)."""
+    rows = [[r["candidate"], fmt.sig(r["saturation_req_s"]) + " req/s", fmt.sig(r["sustainable_rate_req_s"]) + " req/s",
+             fmt.sig(r["sustainable_rate_req_s_per_chip"]) + " req/s", r["limited_by"] or "-"]
+            for r in sweep.capacity.to_dict("records")]
+    return ["## Latency vs arrival rate (continuous serving)\n",
+            f"Each front candidate predicted at a range of arrival rates on the workload's arrival pattern (the "
+            f"workload runs at {fmt.sig(sweep.rate)} requests/s, the dashed line); the dotted lines are each "
+            f"candidate's largest sustainable rate: every SLO met and the queue growing by at most "
+            f"{space.objectives.max_queue_growth:g} s per s (docs/serving.md). Every point is in `rate_sweep.csv`.\n",
+            "![rate sweep](rate_sweep.png)\n",
+            md_table(["candidate", "saturation (all at once)", "largest sustainable rate", "per chip",
+                      "beyond it"], rows)]
 
 
 def _png(fig) -> bytes:
@@ -206,10 +282,10 @@ def _png(fig) -> bytes:
 
 def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd.DataFrame, confirm: pd.DataFrame | None,
                  ledger: RunLedger, chosen: Candidate | None, staircase: Mapping[int, BucketProfile],
-                 nearest: list[dict]) -> None:
+                 nearest: list[dict], sweep: RateSweep | None = None) -> None:
     simulated = ledger.simulated
     estimate_only = ledger.estimate_only
-    pngs = _plots(run_dir, space, front, trials, confirm, staircase, simulated, estimate_only)
+    pngs = _plots(run_dir, space, front, trials, confirm, staircase, simulated, estimate_only, sweep)
     t = space.target
     sim = "**SIMULATED device: every hardware number below comes from the simulator, not from hardware.**\n\n" if simulated else ""
     if estimate_only:
@@ -218,7 +294,9 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
     hw = " (simulated)" if simulated else ""
     lines = [f"# lensopt search: {t.name}\n", sim,
              f"- target: runner `{t.runner}` on `{t.hardware}`; bucket policy {t.bucket_policy}, "
-             f"{space.target.batching} batching, {t.prefill} prefill",
+             f"{space.target.batching} batching, {t.prefill} prefill, {t.serving} serving"
+             + (f" (at most {t.scheduler.max_prefills or 'any number of'} prompts between decode steps, "
+                f"{t.scheduler.prefill_priority} priority)" if t.serving == "continuous" else ""),
              f"- model: {fmt.model_line(t.model, t.dtype)}",
              f"- workload: {workload_line(ledger)}",
              f"- objectives: maximise `{space.objectives.throughput}`, minimise `{space.objectives.latency}`; "
@@ -272,6 +350,8 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
                              str(p.repeats), "yes" if p.accepted else "**no**", p.source]
                             for b, p in sorted(staircase.items())])]
     lines += ["## Throughput vs latency\n", "![pareto](pareto.png)\n"]
+    if "rate_sweep.png" in pngs:
+        lines += sweep_md(sweep, space)
     if trials is not None and len(trials) and "infeasible" in trials:
         inf = trials[trials["infeasible"].fillna("").astype(str) != ""]
         if len(inf):

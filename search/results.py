@@ -26,6 +26,7 @@ from .confirm import Confirmation
 from .evaluate import Evaluation
 from .ledger import RunLedger
 from .selection import may_be_dominated_by, near_duplicates
+from .sweep import RateSweep
 
 if TYPE_CHECKING:
     from .study import TrialRecord
@@ -37,7 +38,11 @@ OLD_FILES = ("trials.jsonl", "study.sqlite")
 #: prediction columns of the front and trial tables, in order
 REPORT_METRICS = ("throughput_tok_s", "throughput_tok_s_per_chip", "throughput_tok_s_per_host", "ttft_mean_s",
                   "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
-                  "e2e_mean_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "prefill_padding", "decode_padding", "total_s")
+                  "e2e_mean_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "prefill_padding", "decode_padding", "total_s",
+                  # continuous serving (lens.serving_metrics, lens.capacity)
+                  "request_throughput_req_s", "request_throughput_req_s_per_chip", "request_goodput_req_s",
+                  "goodput_req_s_per_chip", "good_fraction", "offered_rate_req_s", "queue_growth", "queue_mean_s",
+                  "queue_p90_s", "sustainable_rate_req_s", "sustainable_rate_req_s_per_chip")
 
 
 def default_run_name(space: Space, extra: Any = None) -> str:
@@ -67,6 +72,8 @@ class SearchResult:
     trials: pd.DataFrame
     confirm: pd.DataFrame | None
     ledger: RunLedger
+    #: continuous serving: the front's latency-versus-rate sweep (``search.sweep``), as rate_sweep.csv holds it
+    sweep: pd.DataFrame | None = None
 
     @property
     def info(self) -> dict[str, Any]:
@@ -205,20 +212,22 @@ def write_front(run_dir: Path, front: Sequence[Evaluation], space: Space,
 
 def write_results(run_dir: Path, *, space: Space, runner, ledger: RunLedger, trials: pd.DataFrame,
                   front: Sequence[Evaluation] | None, staircase: Mapping[int, BucketProfile] | None = None,
-                  nearest: Sequence[Evaluation] = ()) -> SearchResult:
+                  nearest: Sequence[Evaluation] = (), sweep: RateSweep | None = None) -> SearchResult:
     """Write the run's files; ``front=None``: an interrupted run (trials and run.json only).
 
-    The front is the ledger's (``ledger.front``, ``ledger.chosen``) with its evaluations.
+    The front is the ledger's (``ledger.front``, ``ledger.chosen``) with its evaluations;
+    ``sweep``, under continuous serving, becomes rate_sweep.csv and the report's rate plot.
     """
     try:
         return _write_results(run_dir, space=space, runner=runner, ledger=ledger, trials=trials, front=front,
-                              staircase=staircase or {}, nearest=nearest)
+                              staircase=staircase or {}, nearest=nearest, sweep=sweep)
     except OSError as exc:
         raise results_error(run_dir, exc) from None
 
 
 def _write_results(run_dir: Path, *, space: Space, runner, ledger: RunLedger, trials: pd.DataFrame,
-                   front: Sequence[Evaluation] | None, staircase: Mapping[int, BucketProfile], nearest: Sequence[Evaluation]) -> SearchResult:
+                   front: Sequence[Evaluation] | None, staircase: Mapping[int, BucketProfile],
+                   nearest: Sequence[Evaluation], sweep: RateSweep | None) -> SearchResult:
     from .deploy import write_deploy
     from .report import write_report
 
@@ -232,6 +241,8 @@ def _write_results(run_dir: Path, *, space: Space, runner, ledger: RunLedger, tr
         write_deploy(run_dir / "deploy", space, ledger.chosen, runner)
     write_ledger(run_dir, ledger)
     confirm = confirm_table(ledger.confirmed) if ledger.confirmed else None
+    if sweep is not None:
+        sweep.points.to_csv(run_dir / "rate_sweep.csv", index=False)
     write_report(run_dir, space=space, front=table, trials=trials, confirm=confirm, ledger=ledger,
-                 chosen=ledger.chosen, staircase=staircase, nearest=[eval_row(e, space) for e in nearest])
-    return SearchResult(run_dir, table, trials, confirm, ledger)
+                 chosen=ledger.chosen, staircase=staircase, nearest=[eval_row(e, space) for e in nearest], sweep=sweep)
+    return SearchResult(run_dir, table, trials, confirm, ledger, None if sweep is None else sweep.points)

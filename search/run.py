@@ -65,6 +65,7 @@ from .selection import (
     anchor_unit, by_latency, distinct, front_of, knee, nearest, promising_units,
 )
 from .study import DEFAULT_SAMPLER, STORE_FILE, SearchStudy, TrialStore, check_sampler
+from .sweep import rate_sweep
 
 __all__ = ["ResultsError", "SearchResult", "confirm_run", "run"]
 
@@ -406,5 +407,6 @@ class _Search:
                               self.sp)
         chosen = self.ledger.chosen
         stair = self.ev.measured.get((chosen.tp, chosen.batch), {}) if chosen and front is not None else {}
+        sweep = rate_sweep(front, self.ev, self.sp) if front and self.ev.continuous else None
         return write_results(self.run_dir, space=self.sp, runner=self.runner, ledger=self.ledger, trials=trials,
-                             front=front, staircase=stair, nearest=self.nearest)
+                             front=front, staircase=stair, nearest=self.nearest, sweep=sweep)

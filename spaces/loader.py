@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from lens.buckets import validate_buckets
 from lens.errors import RunnerUnavailable, SpaceError, UserError
-from lens.types import ModelShape, Target
+from lens.types import ModelShape, Scheduler, Target
 
 from . import schema
 from .schema import Budget, Hosts, Objectives, ProfileSettings, SearchSpace, Space, WorkloadSpec, eval_tp
@@ -123,14 +123,14 @@ def load_space(path: str | Path) -> Space:
 
 
 def parse_space(doc: Mapping[str, Any], *, path: Path, sha256: str = "") -> Space:
-    top = _Section(path, "", doc, set(schema.TABLES.values()) | {"slo"})
+    top = _Section(path, "", doc, {t for t in schema.TABLES.values() if "." not in t} | {"slo"})
     top.name = "file"
     if "target" not in doc:
         top.fail("missing the [target] table")
     if "space" not in doc:
         top.fail("missing the [space] table")
     target = _target(path, doc["target"])
-    return Space(
+    space = Space(
         path=path,
         sha256=sha256,
         target=target,
@@ -142,6 +142,25 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, sha256: str = "") -> Spac
         budget=_budget(path, doc.get("budget", {})),
         profile=_profile(path, doc.get("profile", {})),
     )
+    _check_serving(space)
+    return space
+
+
+def _check_serving(sp: Space) -> None:
+    """The settings that only continuous serving reads, against target.serving (docs/serving.md)."""
+    w, where = sp.workload, sp.path
+    if sp.target.serving == "continuous":
+        if w is not None and w.distribution is not None and w.arrival_rate is None:
+            raise SpaceError(f"{where}: [target] serving = \"continuous\" needs arrivals: set workload.arrival_rate "
+                             f"(requests per second), or use a trace with an arrival column")
+        return
+    if w is not None and w.arrival_rate is not None:
+        raise SpaceError(f"{where}: workload.arrival_rate = {w.arrival_rate:g} is read by continuous serving only; "
+                         f"set [target] serving = \"continuous\" or remove it")
+    if sp.objectives.throughput in schema.SERVING_THROUGHPUT_METRICS:
+        raise SpaceError(f"{where}: objectives.throughput = {sp.objectives.throughput!r} is a continuous-serving "
+                         f"metric; set [target] serving = \"continuous\" or choose one of "
+                         f"{', '.join(m for m in schema.THROUGHPUT_METRICS if m not in schema.SERVING_THROUGHPUT_METRICS)}")
 
 
 def _table(s: _Section, cls: type):
@@ -163,10 +182,14 @@ def _target(path: Path, data) -> Target:
     runner = s.setting(Target, "runner")
     if runner not in available():
         s.fail(f"target.runner = {runner!r} is unknown: use one of {', '.join(available())}")
+    scheduler = _table(_Section(path, "target.scheduler", s.get("scheduler", dict, {}), schema.keys(Scheduler)),
+                       Scheduler)
     target = Target(
         model=model,
         options=tuple(sorted(options.items())),
-        **s.settings(Target, "name", "runner", "hardware", "bucket_policy", "dtype", "seed", "batching", "prefill"),
+        scheduler=scheduler,
+        **s.settings(Target, "name", "runner", "hardware", "bucket_policy", "dtype", "seed", "batching", "prefill",
+                     "serving"),
     )
     try:
         cls = runner_class(runner)

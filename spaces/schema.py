@@ -13,13 +13,18 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from lens.arrivals import MAX_RATE
+from lens.capacity import MAX_QUEUE_GROWTH
 from lens.errors import UserError
-from lens.types import Target
+from lens.types import Scheduler, Target
 from lens.workload import DEFAULT_REQUESTS, MAX_REQUESTS
 
 #: metrics an objective or SLO may name (lens.metrics.summarize keys)
 LATENCY_METRICS = tuple(f"{k}_{s}_s" for k in ("ttft", "tpot", "e2e") for s in ("mean", "p50", "p90", "p99"))
-THROUGHPUT_METRICS = ("throughput_tok_s_per_chip", "throughput_tok_s")
+#: throughputs of continuous serving (lens.serving_metrics keys; the sustainable rate from lens.capacity)
+SERVING_THROUGHPUT_METRICS = ("request_throughput_req_s_per_chip", "goodput_req_s_per_chip",
+                              "sustainable_rate_req_s_per_chip")
+THROUGHPUT_METRICS = ("throughput_tok_s_per_chip", "throughput_tok_s") + SERVING_THROUGHPUT_METRICS
 #: most timed repeats of one probe, and most measurements of a noisy bucket
 MAX_REPEATS = 10_000
 MAX_ATTEMPTS = 8
@@ -63,6 +68,13 @@ class WorkloadSpec:
                                   help="multiply every input and output length (a trace's shape for a small model)")
     drop_longer: bool = setting(False, bool, help="drop sampled requests longer than the largest bucket "
                                                   "instead of stopping with an error")
+    arrival_rate: float | None = setting(None, float, above=0, max=MAX_RATE, hint="requests per second",
+                                         help="requests per second arriving (continuous serving): a seeded Poisson "
+                                              "process, or a trace's own arrivals rescaled to this mean rate; unset: "
+                                              "the trace's arrival times as they are")
+    burstiness: float = setting(1.0, float, above=0, max=1000, hint="1 is a Poisson process",
+                                help="shape of the Gamma-distributed gaps between arrivals at arrival_rate (1: Poisson, "
+                                     "below 1 burstier; vllm bench serve's --burstiness)")
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,9 @@ class Objectives:
     throughput: str = setting("throughput_tok_s_per_chip", str, choices=THROUGHPUT_METRICS,
                               help="the throughput to maximise")
     latency: str = setting("e2e_p90_s", str, choices=LATENCY_METRICS, help="the latency to minimise")
+    max_queue_growth: float = setting(MAX_QUEUE_GROWTH, float, min=0, max=10, hint="seconds of waiting per second",
+                                      help="continuous serving: a rate is sustainable while the queue grows by at most "
+                                           "this many seconds of waiting per second of trace (and every SLO holds)")
 
 
 @dataclass(frozen=True)
@@ -152,8 +167,9 @@ class Space:
 
 
 #: the TOML table of each schema class
-TABLES: dict[type, str] = {Target: "target", SearchSpace: "space", WorkloadSpec: "workload", Objectives: "objectives",
-                           Hosts: "hosts", Budget: "budget", ProfileSettings: "profile"}
+TABLES: dict[type, str] = {Target: "target", Scheduler: "target.scheduler", SearchSpace: "space",
+                           WorkloadSpec: "workload", Objectives: "objectives", Hosts: "hosts", Budget: "budget",
+                           ProfileSettings: "profile"}
 
 
 def _field(cls: type, name: str) -> dataclasses.Field:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from lens import arrivals
 from lens.errors import TraceError, UserError
 from lens.types import Requests
 from lens.workload import fit_to, load_workload, scale_lengths
@@ -35,11 +36,15 @@ class WorkloadDescription:
     #: True when ``source`` came from ``--workload`` rather than the space's [workload]
     #: (None: a run.json written before this was recorded)
     override: bool | None = None
+    #: continuous serving: where the arrival times came from ("poisson", "trace", "trace, rescaled")
+    #: and the rate they run at (requests/s: the one asked for, or the trace's own mean rate)
+    arrivals: str | None = None
+    arrival_rate: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         head = {k: d.pop(k) for k in ("source", "requests", "seed")}
-        extra = {k: d.pop(k) for k in ("length_scale", "dropped_longer", "override")}
+        extra = {k: d.pop(k) for k in ("length_scale", "dropped_longer", "override", "arrivals", "arrival_rate")}
         return {**head, **{k: v for k, v in extra.items() if v is not None}, **d}
 
     @classmethod
@@ -55,12 +60,16 @@ def _check_flag(flag: str, name: str, value: int | None) -> None:
 
 def load_requests(space: Space, *, workload: str | None = None, requests: int | None = None,
                   seed: int | None = None, length_scale: float | None = None, drop_longer: bool | None = None,
-                  max_len: int | None = None) -> tuple[Requests, WorkloadDescription]:
+                  max_len: int | None = None, serving: str | None = None, arrival_rate: float | None = None,
+                  burstiness: float | None = None) -> tuple[Requests, WorkloadDescription]:
     """The workload sample of a search, fitted to the space's largest bucket (or ``max_len``).
 
     ``workload`` overrides the space's source (its length_scale and drop_longer still
     apply); ``requests``, ``seed``, ``length_scale`` and ``drop_longer`` override the
-    space's settings (the command line's flags).
+    space's settings (the command line's flags). Under continuous serving (``serving``, by
+    default the target's) a trace is sampled as consecutive rows and the requests get
+    arrival times: ``arrival_rate``/``burstiness`` or the space's, else the trace's own
+    (``lens.arrivals.assign``).
     """
     spec = space.workload
     if workload is None and spec is None:
@@ -74,10 +83,11 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
     drop = drop_longer if drop_longer is not None else given.drop_longer
     n = requests if requests is not None else given.requests
     s = seed if seed is not None else given.seed
+    continuous = (serving or space.target.serving) == "continuous"
     if workload is not None:
         src = workload
         try:
-            req = load_workload(workload, requests=n, seed=s)
+            req = load_workload(workload, requests=n, seed=s, consecutive=continuous)
         except TraceError:
             raise  # names the trace file and line
         except UserError as exc:
@@ -86,7 +96,8 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
         src = spec.trace if spec.trace is not None else spec.distribution
         try:
             req = load_workload(src, requests=n, seed=s, input_column=spec.input_column,
-                                output_column=spec.output_column, arrival_column=spec.arrival_column)
+                                output_column=spec.output_column, arrival_column=spec.arrival_column,
+                                consecutive=continuous)
         except TraceError:
             raise
         except UserError as exc:
@@ -111,9 +122,18 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
         if len(fitted) == 0:
             raise UserError(f"{space.path}: every sampled request of {src} is longer than {what}; add a larger "
                             f"bucket, or lower workload.length_scale (or pass --length-scale)")
+    how = rate = None
+    if continuous:
+        rate = arrival_rate if arrival_rate is not None else given.arrival_rate
+        try:
+            fitted, how, rate = arrivals.assign(fitted, rate=rate, seed=s,
+                                                burstiness=burstiness if burstiness is not None else given.burstiness)
+        except UserError as exc:
+            where = "--request-rate / workload.arrival_rate" if arrival_rate is not None else "workload.arrival_rate"
+            raise UserError(f"{space.path}: [workload] {src}: {exc} ({where})") from None
     return fitted, WorkloadDescription(
         source=str(src), requests=n, seed=s, length_scale=scale, dropped_longer=dropped or None,
-        override=workload is not None,
+        override=workload is not None, arrivals=how, arrival_rate=rate,
         input_mean=float(fitted.input_len.mean()), output_mean=float(fitted.output_len.mean()),
         input_max=int(fitted.input_len.max()), output_max=int(fitted.output_len.max()))
 

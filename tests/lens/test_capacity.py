@@ -10,6 +10,7 @@ from lens.errors import UserError
 from lens.serving import Scheduler, predict_serving
 from lens.serving_metrics import RequestSLO, queue_growth, summarize_serving, summarize_serving_prediction
 from lens.types import Requests
+from lens.workload import window
 
 from servingkit import table
 
@@ -45,7 +46,7 @@ def test_trace_arrivals_rescale_and_window():
     with pytest.raises(UserError, match="same time"):
         arrivals.rescale(np.zeros(3), 1.0)
     req = Requests(np.arange(1, 11), np.arange(1, 11), np.arange(10, dtype=float) + 100)
-    w = arrivals.window(req, 4, seed=0)
+    w = window(req, 4, seed=0)
     assert len(w) == 4 and w.arrival_s[0] == 0.0
     np.testing.assert_array_equal(np.diff(w.input_len), 1)  # consecutive rows
     np.testing.assert_allclose(np.diff(w.arrival_s), 1.0)

@@ -1,0 +1,125 @@
+"""``lensopt predict`` / ``measure`` with --mode continuous: arrivals, goodput, vLLM's names, errors."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from search.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "examples" / "command_runner" / "toy_npu.py"
+MODEL = """
+[target.model]
+layers = 2
+hidden = 256
+heads = 4
+kv_heads = 2
+intermediate = 512
+vocab = 1000
+[space]
+tp = [1]
+batch = [2]
+buckets = [64, 128]
+"""
+SIM = '[target]\nname = "cli-serving"\nrunner = "sim"\nhardware = "inf2"\n' + MODEL
+UNIT = ["--tp", "1", "--batch", "2", "--buckets", "64,128"]
+def _write_traces(d: Path) -> None:
+    """short.csv: 60 requests that fit 128 tokens; timed.csv: the same with an arrival every 0.25 s."""
+    rows = [(5 + (7 * i) % 60, 2 + (5 * i) % 40) for i in range(60)]
+    (d / "short.csv").write_text("input_len,output_len\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    (d / "timed.csv").write_text("input_len,output_len,arrival_s\n"
+                                 + "".join(f"{a},{b},{i * 0.25}\n" for i, (a, b) in enumerate(rows)))
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    space, cache = d / "space.toml", d / "cache.sqlite"
+    space.write_text(SIM)
+    _write_traces(d)
+    assert main(["profile", str(space), "--tp", "1", "--batch", "2", "--cache", str(cache)]) == 0
+    return space, cache
+
+
+def work(space, name="short.csv"):
+    return ["--workload", str(space.parent / name), "--requests", "40"]
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_predict_continuous_at_a_request_rate(profiled, capsys):
+    space, cache = profiled
+    out = _json(capsys, ["predict", str(space), *UNIT, *work(space), "--mode", "continuous", "--request-rate", "3",
+                         "--goodput", "ttft:200", "e2el:5000", "--cache", str(cache), "--json"])
+    s = out["summary"]
+    assert out["arrivals"] == "poisson" and out["request_rate"] == 3.0 and out["mode"] == "continuous"
+    assert len(out["arrival_s"]) == len(out["ttft_s"]) == 40 and out["arrival_s"][0] == 0.0
+    assert 0 < s["request_goodput_req_s"] <= s["request_throughput_req_s"]
+    assert s["offered_rate_req_s"] == pytest.approx(3.0, rel=0.4)
+    # the same requests at a tenth of the rate queue less: TTFT falls
+    slow = _json(capsys, ["predict", str(space), *UNIT, *work(space), "--mode", "continuous", "--arrival-rate", "0.3",
+                          "--cache", str(cache), "--json"])
+    assert slow["summary"]["ttft_p90_s"] <= s["ttft_p90_s"]
+
+
+def test_predict_continuous_at_a_traces_own_arrivals(profiled, capsys):
+    space, cache = profiled
+    out = _json(capsys, ["predict", str(space), *UNIT, *work(space, "timed.csv"), "--mode", "continuous",
+                         "--cache", str(cache), "--json"])
+    assert out["arrivals"] == "trace" and out["request_rate"] == pytest.approx(4.0)
+    gaps = [b - a for a, b in zip(out["arrival_s"], out["arrival_s"][1:])]
+    assert gaps == pytest.approx([0.25] * 39)  # 40 consecutive rows, their gaps kept
+
+
+def test_predict_and_measure_print_vllm_names(profiled, capsys):
+    space, cache = profiled
+    args = [*UNIT, *work(space), "--mode", "continuous", "--request-rate", "2"]
+    assert main(["predict", str(space), *args, "--cache", str(cache)]) == 0
+    text = capsys.readouterr().out
+    for name in ("Request throughput (req/s):", "Request goodput (req/s):", "Output token throughput (tok/s):",
+                 "Median TTFT (ms):", "P90 TPOT (ms):", "P99 E2EL (ms):", "Benchmark duration (s):"):
+        assert name in text, name
+    assert main(["measure", str(space), *args, "--repeats", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "SIMULATED" in text and "Request goodput (req/s):" in text
+
+
+def test_measure_continuous_on_the_simulated_device(profiled, capsys):
+    space, _ = profiled
+    out = _json(capsys, ["measure", str(space), *UNIT, *work(space), "--mode", "continuous", "--request-rate", "2",
+                         "--repeats", "2", "--json"])
+    assert out["simulated"] is True and out["summary"]["request_throughput_req_s"] > 0
+    assert all(t <= e for t, e in zip(out["ttft_s"], out["e2e_s"]))
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--request-rate", "3"], "--request-rate is read by --mode continuous only"),
+    (["--mode", "continuous"], "continuous serving needs arrival times"),
+    (["--mode", "continuous", "--request-rate", "0"], "--request-rate 0: give requests per second > 0"),
+    (["--mode", "continuous", "--request-rate", "2", "--goodput", "itl:5"], "--goodput 'itl:5': give KEY:MILLISECONDS"),
+    (["--mode", "continuous", "--request-rate", "2", "--goodput", "ttft:-1"], "positive number of milliseconds"),
+])
+def test_serving_flag_errors_are_one_line_exit_2(profiled, capsys, extra, message):
+    space, cache = profiled
+    reqs = ["--input-len", "10,20,30", "--output-len", "5"]
+    assert main(["predict", str(space), *UNIT, *reqs, *extra, "--cache", str(cache)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_measure_refuses_continuous_for_a_program_that_does_not_declare_it(tmp_path, capsys):
+    space = tmp_path / "toy.toml"
+    space.write_text('[target]\nname = "toy"\nrunner = "command"\nhardware = "toy-npu"\n[target.options]\n'
+                     f'argv = [{json.dumps(sys.executable)}, {json.dumps(str(TOY))}, "--modes", "static"]\n' + MODEL)
+    _write_traces(tmp_path)
+    argv = ["measure", str(space), *UNIT, *work(space), "--mode", "continuous", "--request-rate", "2",
+            "--repeats", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "does not run continuous mode; it runs static" in err and "\n" not in err

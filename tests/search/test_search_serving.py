@@ -1,0 +1,44 @@
+"""A search under continuous serving, end to end on the simulated runner: objectives at the
+workload's arrival rate, the sustainable rate, confirmation under the same arrivals, the sweep."""
+import json
+
+import pandas as pd
+
+from conftest import SIM_SPACE
+from search.run import run
+
+SERVING = (SIM_SPACE.format(options="", extra="")
+           .replace('dtype = "bfloat16"\n', 'dtype = "bfloat16"\nserving = "continuous"\n', 1)
+           .replace("seed = 0\n", "seed = 0\narrival_rate = 4.0\n", 1)
+           + '\n[objectives]\nthroughput = "sustainable_rate_req_s_per_chip"\nlatency = "ttft_p90_s"\n'
+           + '\n[slo]\nttft_p90_s = 2.0\n\n[target.scheduler]\nmax_prefills = 0\n')
+
+
+def test_continuous_search_end_to_end(tmp_path, ray_local):
+    space = tmp_path / "serving.toml"
+    space.write_text(SERVING)
+    res = run(space, cache=tmp_path / "cache.sqlite", results_dir=tmp_path / "results", progress=False,
+              log=lambda m: None, trials=30)
+    rd = res.run_dir
+    info = json.loads((rd / "run.json").read_text())
+    assert info["workload"]["arrivals"] == "poisson" and info["workload"]["arrival_rate"] == 4.0
+    front = res.front
+    assert len(front) >= 1 and (front["sustainable_rate_req_s_per_chip"] > 0).all()
+    # the objective is the largest sustainable rate per chip, found by bisection on predictions
+    assert (front["sustainable_rate_req_s_per_chip"] * front["tp"]).round(6).equals(
+        front["sustainable_rate_req_s"].round(6))
+    # the sweep: every front candidate (up to 6) at rates that bracket its saturation, with a plot
+    sweep = pd.read_csv(rd / "rate_sweep.csv")
+    assert 1 <= sweep["candidate"].nunique() <= min(6, len(front))
+    assert (sweep.groupby("candidate").size() >= 14).all()
+    for _, g in sweep.groupby("candidate"):
+        assert g["sustainable"].iloc[0] and not g["sustainable"].iloc[-1]  # sustainable at a trickle, not past saturation
+        assert g["e2e_p90_s"].iloc[-1] > g["e2e_p90_s"].iloc[0]
+    assert (rd / "rate_sweep.png").stat().st_size > 10_000
+    report = (rd / "report.md").read_text()
+    assert "Latency vs arrival rate" in report and "rate_sweep.png" in report
+    assert 'alt="rate_sweep.png"' in (rd / "report.html").read_text()
+    # confirmation ran the picks on the (simulated) device in continuous mode, under the same arrivals
+    conf = res.confirm
+    assert conf is not None and len(conf) >= 1 and conf["simulated"].all()
+    assert conf["ttft_p90_s_measured"].notna().all() and (conf["ttft_p90_s_measured"] > 0).all()
