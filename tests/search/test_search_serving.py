@@ -37,7 +37,7 @@ def test_continuous_search_end_to_end(tmp_path, ray_local):
     assert (rd / "rate_sweep.png").stat().st_size > 10_000
     report = (rd / "report.md").read_text()
     assert "Latency vs arrival rate" in report and "rate_sweep.png" in report
-    assert 'alt="rate_sweep.png"' in (rd / "report.html").read_text()
+    assert '<img alt="rate sweep" src="data:image/png;base64,' in (rd / "report.html").read_text()
     # confirmation ran the picks on the (simulated) device in continuous mode, under the same arrivals
     conf = res.confirm
     assert conf is not None and len(conf) >= 1 and conf["simulated"].all()
