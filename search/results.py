@@ -184,7 +184,7 @@ def confirm_table(confirmed: Sequence[Confirmation]) -> pd.DataFrame:
             row.update({"e2e_request_mape_%": c.e2e_request_mape_pct, "host_drift": c.host_drift,
                         "drift_action": c.drift_action,
                         "e2e_request_mape_drift_corrected_%": c.e2e_request_mape_corrected_pct})
-            if c.host_drift:
+            if c.host_drift and c.e2e_request_mape_corrected_pct is not None:  # None: no linear correction (serving)
                 for m in c.predicted:
                     row[f"{m}_err_drift_corrected_%"] = c.error_pct(m, corrected=True)
             row["flagged"] = c.flagged

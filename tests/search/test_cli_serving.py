@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from search.cli import main
@@ -96,6 +97,18 @@ def test_measure_continuous_on_the_simulated_device(profiled, capsys):
                          "--repeats", "2", "--json"])
     assert out["simulated"] is True and out["summary"]["request_throughput_req_s"] > 0
     assert all(t <= e for t, e in zip(out["ttft_s"], out["e2e_s"]))
+
+
+def test_measure_continuous_grades_the_serving_prediction_and_reports_the_drift(profiled, capsys):
+    space, cache = profiled
+    args = [str(space), *UNIT, *work(space), "--mode", "continuous", "--request-rate", "2", "--cache", str(cache),
+            "--json"]
+    pred = _json(capsys, ["predict", *args])
+    meas = _json(capsys, ["measure", *args, "--repeats", "1"])
+    assert meas["host_drift"] > 0 and meas["reference_probe"]["bucket"] in (64, 128)
+    # the error is that of the continuous-batching prediction at the same arrivals (queueing included)
+    p, m = np.asarray(pred["e2e_s"]), np.asarray(meas["e2e_s"])
+    assert meas["prediction_e2e_mape_pct"] == pytest.approx(float(np.mean(np.abs(p - m) / m) * 100))
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -27,6 +27,11 @@ def test_continuous_search_end_to_end(tmp_path, ray_local):
     # the objective is the largest sustainable rate per chip, found by bisection on predictions
     assert (front["sustainable_rate_req_s_per_chip"] * front["tp"]).round(6).equals(
         front["sustainable_rate_req_s"].round(6))
+    # the band of each front point: the same machine on the profiles one standard error below and above
+    for name in ("sustainable_rate_req_s_per_chip", "ttft_p90_s"):
+        assert (front[f"{name}_low"] <= front[name] * (1 + 1e-9)).all()
+        assert (front[name] <= front[f"{name}_high"] * (1 + 1e-9)).all()
+    assert (front["ttft_p90_s_high"] > front["ttft_p90_s_low"]).any()
     # the sweep: every front candidate (up to 6) at rates that bracket its saturation, with a plot
     sweep = pd.read_csv(rd / "rate_sweep.csv")
     assert 1 <= sweep["candidate"].nunique() <= min(6, len(front))
@@ -42,3 +47,6 @@ def test_continuous_search_end_to_end(tmp_path, ray_local):
     conf = res.confirm
     assert conf is not None and len(conf) >= 1 and conf["simulated"].all()
     assert conf["ttft_p90_s_measured"].notna().all() and (conf["ttft_p90_s_measured"] > 0).all()
+    # the host's drift is recorded, never used to re-scale a serving prediction (queueing is not linear in it)
+    assert conf["host_drift"].notna().all() and (conf["drift_action"] == "none").all()
+    assert not any(col.endswith("_err_drift_corrected_%") for col in conf.columns)
