@@ -226,7 +226,7 @@ class SimRunner(Runner):
         out = serve(g, self._host, self.options, input_len=requests.input_len, output_len=requests.output_len,
                     arrival_s=requests.arrival_s, ctx_buckets=ctx, tkg_buckets=tkg,
                     policy=self.target.bucket_policy, key=(self.target.seed, g.tp, g.batch, self._calls),
-                    clock_s=self.clock.now(), max_prefills=sched.max_prefills,
+                    clock_s=self.clock.now(), prefill=self.target.prefill, max_prefills=sched.max_prefills,
                     eager=sched.prefill_priority == "prefill")
         self.clock.advance(out.total_s)
         return WorkloadRun(ttft_s=out.ttft_s, e2e_s=out.e2e_s, total_s=out.total_s, compile_s=float(compile_s),

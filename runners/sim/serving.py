@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lens.types import PREFILLS
+
 from .host import Host, rng_for
 from .kernels import UnitGraphs
 from .options import SimOptions
@@ -35,8 +37,10 @@ class ServeTimes:
 
 def serve(graphs: UnitGraphs, host: Host, opts: SimOptions, *, input_len: np.ndarray, output_len: np.ndarray,
           arrival_s: np.ndarray, ctx_buckets: tuple[int, ...], tkg_buckets: tuple[int, ...], policy: str,
-          key: tuple, clock_s: float, max_prefills: int = 0, eager: bool = True) -> ServeTimes:
-    """Serve the requests (lengths already checked against the buckets) from the clock time ``clock_s``."""
+          key: tuple, clock_s: float, prefill: str = PREFILLS[0], max_prefills: int = 0,
+          eager: bool = True) -> ServeTimes:
+    """Serve the requests (lengths already checked against the buckets) from the clock time ``clock_s``
+    (``prefill``: the target's)."""
     lin = [int(x) for x in input_len]
     lout = [int(x) for x in output_len]
     arr = np.asarray(arrival_s, float)
@@ -64,13 +68,13 @@ def serve(graphs: UnitGraphs, host: Host, opts: SimOptions, *, input_len: np.nda
         # -- admission: free rows take the waiting requests, FIFO
         horizon, took = t, []
         while free and q < n and (max_prefills == 0 or len(took) < max_prefills) \
-                and arr[order[q]] <= (t if eager and opts.prefill == "sequential" else horizon):
+                and arr[order[q]] <= (t if eager and prefill == "sequential" else horizon):
             i = order[q]
             q += 1
             if not took:
                 t += host.launch_s() * float(host.speed_factor(clock_s + t)) * noise
             took.append(i)
-            if opts.prefill == "sequential":
+            if prefill == "sequential":
                 b = ctx[bucket_index([lin[i]], ctx, policy)]
                 t = spend(float(graphs.prefill_s([lin[i]], b)[0]), opts.host_overhead_s)
                 first[i] = t
@@ -81,7 +85,7 @@ def serve(graphs: UnitGraphs, host: Host, opts: SimOptions, *, input_len: np.nda
                 row = free.pop()
                 row_of[i], done_steps[i] = row, 0
                 context[0, row] = lin[i] + 1
-        if took and opts.prefill == "batched":  # one call of shape (batch, bucket of the longest prompt)
+        if took and prefill == "batched":  # one call of shape (batch, bucket of the longest prompt)
             lengths = np.zeros(rows, np.int64)
             lengths[: len(took)] = [lin[i] for i in took]
             b = int(ctx[bucket_index([max(lengths)], ctx, policy)[0]])

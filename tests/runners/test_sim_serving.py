@@ -13,10 +13,10 @@ BUCKETS = (128, 256, 512, 1024)
 LLAMA_1B = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
 
 
-def runner(scheduler=Scheduler(), **options) -> SimRunner:
+def runner(scheduler=Scheduler(), prefill="sequential", **options) -> SimRunner:
     opts = {**clean(), "launch": True, "row_host": True, **options}
     return SimRunner(Target("t", "sim", "inf2", "exclusive", "bfloat16", LLAMA_1B, tuple(sorted(opts.items())),
-                            scheduler=scheduler))
+                            scheduler=scheduler, prefill=prefill))
 
 
 def cand(batch):
@@ -49,6 +49,15 @@ def test_max_prefills_one_puts_a_decode_step_between_prefills():
     one = runner(Scheduler(max_prefills=1)).run_workload(cand(2), req, mode="continuous")
     assert one.ttft_s[0] == pytest.approx(eager.ttft_s[0])
     assert one.ttft_s[1] > eager.ttft_s[1]  # a decode step ran before the second prefill
+
+
+def test_the_targets_batched_prefill_admits_the_waiting_requests_in_one_call():
+    req = Requests(np.array([100, 300, 50]), np.array([20, 20, 20]), np.array([0.0, 0.0, 0.0]))
+    one_by_one = runner().run_workload(cand(2), req, mode="continuous")
+    batched = runner(prefill="batched").run_workload(cand(2), req, mode="continuous")
+    assert one_by_one.ttft_s[0] < one_by_one.ttft_s[1]  # sequential: the second prompt after the first
+    assert batched.ttft_s[0] == batched.ttft_s[1]  # batched: both first tokens at the end of one call
+    assert batched.ttft_s[2] > batched.e2e_s[0]  # the third waits for a slot, as before
 
 
 def test_the_same_seed_serves_the_same_times():
