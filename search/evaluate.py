@@ -13,8 +13,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from lens.buckets import bucket_ranges, select_index
 from lens.arrivals import mean_rate
+from lens.buckets import bucket_ranges, select_index
 from lens.capacity import max_sustainable_rate
 from lens.compose import Prediction, UnitTable, predict
 from lens.errors import LensoptError

@@ -331,9 +331,13 @@ class _Search:
         if left is not None and left <= 0:
             self._stopped(f"[budget] profile_s ({self.sp.budget.profile_s:g} hardware-s) is spent")
             return {}, {}
-        if not self.ev.measured or self.planner.cost.compile_model() is None:
+        serving = self.sp.target.serving == "continuous"
+        if serving or not self.ev.measured or self.planner.cost.compile_model() is None:
             # nothing measured (a GPU target's analytical prior) or no task priced yet (profiles
-            # imported without their hardware seconds): the estimated front's best unit, as needed
+            # imported without their hardware seconds): the estimated front's best unit, as needed.
+            # Continuous serving too: the expected-gain designs compose static batches as matrix
+            # products, and queueing is not linear in the profiles, so it profiles the estimated
+            # front's most promising units instead.
             first = promising_units(self.evals(measured_only=False), self.sp, failed=self.ev.failed,
                                     missing=self.ev.missing, per_round=1)
             if not first:
