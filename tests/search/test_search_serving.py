@@ -34,7 +34,10 @@ def test_continuous_search_end_to_end(tmp_path, ray_local):
     assert (front["ttft_p90_s_high"] > front["ttft_p90_s_low"]).any()
     # the sweep: every front candidate (up to 6) at rates that bracket its saturation, with a plot
     sweep = pd.read_csv(rd / "rate_sweep.csv")
-    assert 1 <= sweep["candidate"].nunique() <= min(6, len(front))
+    # every swept candidate is one of the front's units, and the front (up to 6 of it) is swept
+    swept_units = {tuple(map(int, l.replace("tp", "").replace("b", "").split()[:2])) for l in sweep["candidate"]}
+    assert swept_units <= set(zip(front["tp"], front["batch"]))
+    assert sweep["candidate"].nunique() >= min(2, len(front))
     assert (sweep.groupby("candidate").size() >= 14).all()
     for _, g in sweep.groupby("candidate"):
         assert g["sustainable"].iloc[0] and not g["sustainable"].iloc[-1]  # sustainable at a trickle, not past saturation
