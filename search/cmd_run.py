@@ -56,7 +56,28 @@ def _quiet(args):
     return (lambda msg: print(msg, file=sys.stderr)) if args.json else print
 
 
-def print_front(res, space_objectives=None) -> None:
+#: the front's columns under static batches, and under continuous serving (requests per second
+#: at the operator's rate, what the SLOs judge, and the largest rate the unit sustains)
+STATIC_COLUMNS = (("throughput_tok_s", "tok/s"), ("throughput_tok_s_per_chip", "tok/s/chip"),
+                  ("ttft_p50_s", "TTFT p50"), ("tpot_p50_s", "TPOT p50"), ("e2e_p90_s", "E2E p90"))
+SERVING_COLUMNS = (("request_throughput_req_s_per_chip", "req/s/chip"), ("goodput_req_s_per_chip", "goodput/chip"),
+                   ("sustainable_rate_req_s_per_chip", "max rate/chip"), ("ttft_p90_s", "TTFT p90"),
+                   ("tpot_p90_s", "TPOT p90"), ("e2e_p90_s", "E2E p90"))
+
+
+def _serving(ledger) -> bool:
+    return ledger.target is not None and ledger.target.serving == "continuous"
+
+
+def _num(v) -> str:
+    return "" if v is None or pd.isna(v) else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def _cell(v) -> str:
+    return "" if v is None or pd.isna(v) else fmt_s(v)
+
+
+def print_front(res) -> None:
     f = res.front
     ledger = res.ledger
     sim = " (SIMULATED device)" if ledger.simulated else ""
@@ -67,16 +88,18 @@ def print_front(res, space_objectives=None) -> None:
     else:
         rows = []
         hidden = f["collapsed_into"].notna() if "collapsed_into" in f else pd.Series(False, index=f.index)
+        cols = SERVING_COLUMNS if _serving(ledger) else STATIC_COLUMNS
         for r in f[~hidden].itertuples():
             d = r._asdict()
             rows.append([d["rank"], d["tp"], d["batch"], d["ctx_buckets"] if d["ctx_buckets"] == d["tkg_buckets"]
                          else f"ctx {d['ctx_buckets']} / tkg {d['tkg_buckets']}",
-                         f"{d['throughput_tok_s']:.1f}", f"{d['throughput_tok_s_per_chip']:.1f}", fmt_s(d["ttft_p50_s"]),
-                         fmt_s(d["tpot_p50_s"]), fmt_s(d["e2e_p90_s"]),
+                         *(_cell(d.get(k)) if k.endswith("_s") else _num(d.get(k)) for k, _ in cols),
                          ("yes" + (" FLAGGED" if d.get("flagged") is True else "")) if d.get("confirmed") is True else ""])
         how = "estimated" if ledger.estimate_only else "predicted from measured profiles"
+        if _serving(ledger):
+            how += ", continuous batching at the workload's arrival rate"
         print(f"\nPareto front{sim}: throughput vs latency, {how}")
-        print(table(rows, ["#", "tp", "batch", "buckets", "tok/s", "tok/s/chip", "TTFT p50", "TPOT p50", "E2E p90", "confirmed"]))
+        print(table(rows, ["#", "tp", "batch", "buckets", *(h for _, h in cols), "confirmed"]))
         if hidden.any():
             print(f"({int(hidden.sum())} more row(s) of the same tp and batch within {NEAR_DUPLICATE:.0%} on both "
                   f"objectives, with more buckets, are in pareto.csv, marked collapsed_into)")

@@ -5,6 +5,7 @@ import json
 import pandas as pd
 
 from conftest import SIM_SPACE
+from search.cmd_run import _num, print_front
 from search.run import run
 
 SERVING = (SIM_SPACE.format(options="", extra="")
@@ -14,7 +15,7 @@ SERVING = (SIM_SPACE.format(options="", extra="")
            + '\n[slo]\nttft_p90_s = 2.0\n\n[target.scheduler]\nmax_prefills = 0\n')
 
 
-def test_continuous_search_end_to_end(tmp_path, ray_local):
+def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
     space = tmp_path / "serving.toml"
     space.write_text(SERVING)
     res = run(space, cache=tmp_path / "cache.sqlite", results_dir=tmp_path / "results", progress=False,
@@ -53,3 +54,11 @@ def test_continuous_search_end_to_end(tmp_path, ray_local):
     # the host's drift is recorded, never used to re-scale a serving prediction (queueing is not linear in it)
     assert conf["host_drift"].notna().all() and (conf["drift_action"] == "none").all()
     assert not any(col.endswith("_err_drift_corrected_%") for col in conf.columns)
+    # the printed front speaks of serving: requests per second per chip at the rate, goodput, the largest rate
+    print_front(res)
+    out = capsys.readouterr().out
+    assert "continuous batching at the workload's arrival rate" in out
+    assert "goodput/chip" in out and "max rate/chip" in out and "tok/s/chip" not in out
+    top = front.sort_values("rank").iloc[0]
+    line = next(ln for ln in out.splitlines() if ln.split()[:3] == [str(top["rank"]), str(top["tp"]), str(top["batch"])])
+    assert _num(top["sustainable_rate_req_s_per_chip"]) in line and _num(top["goodput_req_s_per_chip"]) in line
