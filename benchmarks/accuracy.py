@@ -5,8 +5,11 @@ lensopt's profiling (``search.measure.measure_unit``: derived-value judgement, l
 the expected cost of slow calls) and with the profiling from before it
 (``benchmarks/profiling_before.py``: medians of 3, L2 <= 128, raw-spread retries) -- then
 held-out requests of random lengths over every bucket (never a probe) are run as
-``lensopt measure`` runs them (the median of ``--repeats`` runs per request), after one
-reference probe that gives ``host_drift`` (``lens.drift``). The error of a request is
+``lensopt measure`` runs them (the median of ``--repeats`` runs per request), between the two
+halves of one reference probe that give ``host_drift`` and its noise (``lens.drift``); the
+drift-corrected error re-scales by it only where lensopt would (beyond the tolerance and
+twice its noise). Each unit also times a fixed computation 20 times (``busy.host_jitter``):
+the host's own run-to-run spread, the floor the errors are read against. The error of a request is
 |predicted E2E - measured E2E| / measured E2E.
 
 All of it is done twice: **quiet** (nothing started by this script; other processes of the
@@ -25,7 +28,7 @@ timed runs of each method (the graphs compile once per unit and serve both; that
 time is shown apart).
 
     .venv/bin/python benchmarks/accuracy.py [--quick] [--targets A,B,C] [--batches 1,4]
-                                            [--held-out 12] [--repeats 3] [--csv out.csv]
+                                            [--held-out 12] [--repeats 5] [--csv out.csv]
 
 ``--quick``: targets A and B, 6 held-out batches per unit (about a third of the time).
 """
@@ -44,15 +47,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.busy import load_of  # noqa: E402
+from benchmarks.busy import host_jitter, load_of  # noqa: E402
 from benchmarks.profiling_before import measure_before  # noqa: E402
 from lens.compose import UnitTable, predict  # noqa: E402
-from lens.drift import host_drift, reference_probe  # noqa: E402
+from lens.drift import drift_of, reference_probe  # noqa: E402
 from lens.probes import plan_probes  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.measure import measure_unit  # noqa: E402
-from spaces import ProfileSettings  # noqa: E402
+from spaces import Budget, ProfileSettings  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,15 @@ def one_unit(runner, case: Case, batch: int, args, log) -> dict:
     t_before = time.perf_counter() - t0
     req = held_out(case, args.held_out * batch, seed=100 + batch, batch=batch)
     ref = reference_probe(now.profiles, req.input_len, case.buckets, policy=case.policy, repeats=settings.repeats)
-    res = runner.profile(Unit(target, 1, batch), [ref.probe])
-    drift = host_drift(ref, res.runs[0].times_s)
+    first, second = ref.halves()  # as `lensopt measure` does: the reference before and after the runs
     runner.run_workload(cand, req.head(batch))  # warm the candidate's graphs
+    before_ref = runner.profile(Unit(target, 1, batch), [first]).runs[0].times_s
     runs = [runner.run_workload(cand, req) for _ in range(args.repeats)]
+    after_ref = runner.profile(Unit(target, 1, batch), [second]).runs[0].times_s
+    d = drift_of(ref, before_ref + after_ref)
+    drift = d.value
+    # corrected as lensopt acts on it: re-scaled only by a drift beyond the tolerance and its own noise
+    applied = drift if d.significant(Budget().drift_tolerance) else 1.0
     e2e_all = np.stack([r.e2e_s for r in runs])
     e2e = np.median(e2e_all, axis=0)
     pol = case.policy
@@ -123,15 +131,17 @@ def one_unit(runner, case: Case, batch: int, args, log) -> dict:
     p_before = predict(UnitTable.build(cand, before.profiles, policy=pol), req).e2e_s
     noise = np.median(np.abs(e2e_all - e2e) / e2e)  # how far one run sits from the median: the floor
     row = {"target": case.name, "policy": pol, "batch": batch, "requests": len(req), "host_drift": drift,
-           "noise floor %": noise * 100, "now run s": now.run_s, "before run s": before.run_s,
+           "drift +-": d.err, "rescaled": applied != 1.0,
+           "noise floor %": noise * 100, "host jitter %": host_jitter(), "now run s": now.run_s, "before run s": before.run_s,
            "now wall s": t_now, "before wall s": t_before, "compile s": now.compile_s + before.compile_s,
            "now attempts": now.attempts, "now not accepted": sum(not p.accepted for p in now.profiles.values())}
-    for name, pred in (("before", p_before), ("now", p_now), ("now corrected", p_now * drift)):
+    for name, pred in (("before", p_before), ("now", p_now), ("now corrected", p_now * applied)):
         s = stats((pred - e2e) / e2e)
         row.update({f"{name} mean %": s["mean"], f"{name} p90 %": s["p90"], f"{name} max %": s["max"]})
     log(f"    {case.name} ({pol}) batch {batch}: {len(req)} held-out requests; E2E mean error before "
         f"{row['before mean %']:.1f}%, now {row['now mean %']:.1f}% ({row['now corrected mean %']:.1f}% "
-        f"drift-corrected, host_drift {drift:.3f}); profiling runs {before.run_s:.1f} s before, {now.run_s:.1f} s now")
+        f"drift-corrected, host_drift {drift:.3f} +- {d.err:.3f}{'' if applied != 1.0 else ', not applied'}); "
+        f"profiling runs {before.run_s:.1f} s before, {now.run_s:.1f} s now")
     return row
 
 
@@ -141,7 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--targets", help="comma-separated, of A, B, C (default all; --quick: A,B)")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--held-out", type=int, help="held-out batches per unit (default 12; --quick 6)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of the held-out requests (their median is measured)")
+    ap.add_argument("--repeats", type=int, default=5, help="runs of the held-out requests (their median is measured)")
     ap.add_argument("--conditions", default="quiet,loaded")
     ap.add_argument("--csv", help="write the per-unit rows here")
     args = ap.parse_args(argv)
@@ -168,19 +178,22 @@ def main(argv=None) -> int:
     f2 = lambda x: f"{x:.2f}"  # noqa: E731
     print("\nPer unit: per-request E2E error (|predicted - measured| / measured), held-out requests")
     cols = ["condition", "target", "policy", "batch", "requests", "before mean %", "before p90 %", "now mean %",
-            "now p90 %", "host_drift", "now corrected mean %", "now corrected p90 %", "noise floor %"]
+            "now p90 %", "host_drift", "drift +-", "rescaled", "now corrected mean %", "now corrected p90 %",
+            "noise floor %", "host jitter %"]
     print(df[cols].to_string(index=False, float_format=f2))
     print("\nPer condition (mean over units of the per-unit figures):")
-    agg = df.groupby("condition", sort=False)[[c for c in cols[5:]]].mean()
+    agg = df.groupby("condition", sort=False)[[c for c in cols[5:] if c != "rescaled"]].mean()
     print(agg.to_string(float_format=f2))
     print("\nProfiling cost, hardware seconds of timed runs (the compile is shared and shown apart):")
     cost = df.groupby("condition", sort=False)[["before run s", "now run s", "compile s"]].sum()
     cost["now / before"] = cost["now run s"] / cost["before run s"]
     print(cost.to_string(float_format=f2))
     print(f"\n'before': profiling as it was (medians of 3 repeats, L2 <= 128); 'now': lensopt's profiling now; "
-          f"'corrected': the prediction times host_drift (a reference probe just before the held-out runs, over its "
-          f"time in the profile). Noise floor: the median deviation of one held-out run from the median of "
-          f"{args.repeats}. Real execution on {runners[names[0]].versions().get('cpu', 'this CPU')}; "
+          f"'corrected': the prediction times host_drift (a reference probe before and after the held-out runs, over "
+          f"its time in the profile) where the drift is beyond {Budget().drift_tolerance:.0%} and twice its noise "
+          f"('rescaled'), else as is. Noise floor: the median deviation of one held-out run from the median of "
+          f"{args.repeats}. Host jitter: the run-to-run robust spread (1 sigma, % of the median) of a fixed 40 ms computation, "
+          f"in the same condition. Real execution on {runners[names[0]].versions().get('cpu', 'this CPU')}; "
           f"{time.perf_counter() - t_start:.0f} s wall.")
     if args.csv:
         df.to_csv(args.csv, index=False)

@@ -10,6 +10,14 @@ a straggler in one of a few runs would move a mean by a share of a third; and th
 statistic on both sides compares like with like (the profile's expected time adds a
 slow-call excess that a few runs now cannot estimate). A prediction corrected for drift
 is the prediction times ``host_drift`` (latencies) or divided by it (throughputs).
+
+A shared host's speed wanders over seconds, not only over minutes: on a 2-core VM a fixed
+kernel's run-to-run spread is 6-8% (docs/noise.md). So the reference probe is run on both
+sides of the measurement (its repeats split before and after the workload: the drift is
+the host's speed over the measurement's own window, not at its start), and the drift
+carries its own noise (``Drift.err``, bootstrapped over the repeats of both sides). A drift
+inside its noise says nothing: ``Drift.significant`` tells when re-scaling a prediction by
+it corrects more than it adds.
 """
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .buckets import select_index
+from .noise import DRAWS, SEED, spread
 from .types import BucketProfile, Probe
 
 
@@ -32,6 +41,30 @@ class Reference:
 
     probe: Probe
     cached_s: float
+    #: the reference's repeats in the profile (empty for a profile stored without its raw runs)
+    cached_times_s: tuple[float, ...] = ()
+
+    def halves(self) -> tuple[Probe, Probe]:
+        return halves(self.probe)
+
+
+def halves(probe: Probe) -> tuple[Probe, Probe]:
+    """A reference probe split in two runs of its repeats, one before and one after a measurement."""
+    first = (probe.repeats + 1) // 2
+    return (Probe(probe.bucket, probe.input_len, probe.output_len, first),
+            Probe(probe.bucket, probe.input_len, probe.output_len, max(probe.repeats - first, 1)))
+
+
+@dataclass(frozen=True)
+class Drift:
+    """``host_drift`` and its noise: one standard error, from the repeats of both sides."""
+
+    value: float
+    err: float
+
+    def significant(self, tolerance: float) -> bool:
+        """True when the host moved by more than ``tolerance`` and by more than twice the drift's own noise."""
+        return abs(self.value - 1.0) > max(tolerance, 2.0 * self.err)
 
 
 def reference_probe(profiles: Mapping[int, BucketProfile], input_len: Sequence[int], ctx_buckets: Sequence[int],
@@ -51,12 +84,28 @@ def reference_probe(profiles: Mapping[int, BucketProfile], input_len: Sequence[i
     p = min(have, key=lambda p: (p.t2_s, p.bucket))
     cached = float(np.median(p.raw_t2)) if p.raw_t2 else p.t2_s  # a profile without its raw runs: its time
     return Reference(Probe(bucket=p.bucket, input_len=p.input_len, output_len=p.l2,
-                           repeats=max(repeats, REFERENCE_REPEATS)), cached)
+                           repeats=max(repeats, REFERENCE_REPEATS)), cached, tuple(p.raw_t2))
 
 
 def host_drift(ref: Reference, times_s: Sequence[float]) -> float:
     """The median of the reference probe's times now over the median of its repeats in the profile."""
     return float(np.median(np.asarray(times_s, dtype=float)) / ref.cached_s)
+
+
+def drift_of(ref: Reference, times_s: Sequence[float], *, draws: int = DRAWS, seed: int = SEED) -> Drift:
+    """``host_drift`` with its noise: the spread of the ratio of medians over resamples of both sides' repeats.
+
+    A profile stored without its raw runs contributes no noise of its own (its side is a point).
+    """
+    now = np.asarray(times_s, dtype=float)
+    rng = np.random.default_rng(seed)
+    ratio = np.median(now[rng.integers(0, len(now), size=(draws, len(now)))], axis=1)
+    then = np.asarray(ref.cached_times_s, dtype=float)
+    if then.size:
+        ratio = ratio / np.median(then[rng.integers(0, len(then), size=(draws, len(then)))], axis=1)
+    else:
+        ratio = ratio / ref.cached_s
+    return Drift(host_drift(ref, now), float(spread(ratio)))
 
 
 def corrected(metric: str, value: float, drift: float) -> float:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from lens.compose import UnitTable, predict
-from lens.drift import host_drift, reference_probe
+from lens.drift import Drift, drift_of, reference_probe
 from lens.errors import MissingProfiles
 from lens.metrics import summarize, summarize_prediction, tpot_of
 from lens.serving import predict_serving
@@ -182,8 +182,12 @@ def _report(kind: str, requests, ttft, tpot, e2e, summary: dict, extra: dict, as
         f" p99 {fmt_s(summary['e2e_p99_s'])}"
     )
     for k, v in extra.items():
-        if k not in ("requests", "host_drift") and not isinstance(v, dict):  # the drift gets a line of its own
+        if k != "requests" and k not in DRIFT_KEYS and not isinstance(v, dict):  # the drift gets a line of its own
             print(f"  {k}: {v}")
+
+
+#: the measurement's drift figures, printed on a line of their own (``_drift_line``)
+DRIFT_KEYS = ("host_drift", "host_drift_err", "drift_significant")
 
 
 def _requests(args, space, cand):
@@ -213,7 +217,7 @@ def _serving_out(kind: str, args, requests, summary: dict, extra: dict, serving,
         label += "\n" + sample_line(sample, len(requests))
     print_serving(kind, summary, arrivals_from=how, rate=rate, slo=slo, label=label)
     for k, v in extra.items():
-        if k != "host_drift" and not isinstance(v, dict):  # the drift gets a line of its own
+        if k not in DRIFT_KEYS and not isinstance(v, dict):  # the drift gets a line of its own
             print(f"  {k}: {v}")
 
 
@@ -266,17 +270,22 @@ def cmd_measure(args) -> int:
     ref = reference_probe(profiles, requests.input_len, cand.ctx_buckets, policy=space.target.bucket_policy,
                           repeats=space.profile.repeats)
     t0 = time.perf_counter()
-    drift, ref_extra = None, {}
-    if ref is not None:  # how fast the host is now against when it profiled, before the runs
-        got = runner.profile(unit, [ref.probe]).runs[0]
-        drift = host_drift(ref, got.times_s)
-        ref_extra = {"reference_probe": {"bucket": ref.probe.bucket, "input_len": ref.probe.input_len,
-                                         "output_len": ref.probe.output_len, "profiled_s": ref.cached_s,
-                                         "now_s": drift * ref.cached_s, "times_s": list(got.times_s)}}
+    before = runner.profile(unit, [ref.halves()[0]]).runs[0].times_s if ref is not None else ()
     runs = []
     for _ in range(args.repeats):
         runs.append(runner.run_workload(cand, requests, mode=serve_mode))
+    # the reference on both sides of the runs: the drift over the measurement's own window
+    after = runner.profile(unit, [ref.halves()[1]]).runs[0].times_s if ref is not None else ()
     wall = time.perf_counter() - t0
+    drift, ref_extra = None, {}
+    if ref is not None:  # how fast the host is now against when it profiled
+        d = drift_of(ref, before + after)
+        drift = d.value
+        ref_extra = {"host_drift_err": d.err, "drift_significant": d.significant(space.budget.drift_tolerance),
+                     "reference_probe": {"bucket": ref.probe.bucket, "input_len": ref.probe.input_len,
+                                         "output_len": ref.probe.output_len, "profiled_s": ref.cached_s,
+                                         "now_s": drift * ref.cached_s, "times_before_s": list(before),
+                                         "times_after_s": list(after)}}
     ttft = np.median(np.stack([r.ttft_s for r in runs]), axis=0)
     e2e_all = np.stack([r.e2e_s for r in runs])
     e2e = np.median(e2e_all, axis=0)
@@ -308,7 +317,7 @@ def cmd_measure(args) -> int:
     else:
         _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label, sample)
     if not args.json:
-        print(_drift_line(drift, ref))
+        print(_drift_line(ref_extra.get("host_drift_err"), drift, ref, space.budget.drift_tolerance))
     return 0
 
 
@@ -336,12 +345,16 @@ def _prediction_error(space, cand, profiles, requests, e2e, drift, *, serving: b
     return out
 
 
-def _drift_line(drift, ref) -> str:
+def _drift_line(err, drift, ref, tolerance: float) -> str:
     if drift is None:
         return ("host_drift: unknown (no cached profile of a bucket these requests use; `lensopt profile` the unit "
                 "to compare)")
     p = ref.probe
     how = "slower" if drift > 1 else "faster"
-    return (f"host_drift: {drift:.3f} -- the reference probe (bucket {p.bucket}, {p.input_len} in, {p.output_len} out) "
-            f"took {drift * ref.cached_s:.4g} s now, {ref.cached_s:.4g} s in the profile: the host is "
-            f"{abs(drift - 1):.1%} {how}; predictions times {drift:.3f} are the drift-corrected ones")
+    d = Drift(drift, err or 0.0)
+    verdict = ("beyond its noise and the tolerance: predictions times it are the drift-corrected ones"
+               if d.significant(tolerance) else
+               f"within its noise or the {tolerance:.0%} tolerance: read the prediction as is")
+    return (f"host_drift: {drift:.3f} +- {d.err:.3f} -- the reference probe (bucket {p.bucket}, {p.input_len} in, "
+            f"{p.output_len} out; run before and after the workload) took {drift * ref.cached_s:.4g} s now, "
+            f"{ref.cached_s:.4g} s in the profile: the host is {abs(drift - 1):.1%} {how}, {verdict}")

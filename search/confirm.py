@@ -4,13 +4,14 @@ The picks are spread along the front (both ends included; near-duplicate points 
 one of them traded for the least certain prediction near the knee
 (``selection.confirm_pick``); each runs the whole workload sample as one Ray task (under
 continuous serving, released at the same arrival times as predicted), after a warm-up run
-that compiles its graphs (both count as hardware seconds). Just before the workload, the
-task runs one reference probe of the unit again (``lens.drift``): ``host_drift`` says how
-much slower (> 1) or faster the host is than when it profiled. A confirmation disagreeing
+that compiles its graphs (both count as hardware seconds). Around the workload (half its
+repeats before, half after) the task runs one reference probe of the unit again
+(``lens.drift``): ``host_drift`` says how much slower (> 1) or faster the host was over the
+run than when it profiled. A confirmation disagreeing
 by more than ``budget.tolerance`` on any of ``CONFIRM_METRICS`` is flagged -- judged on the
-prediction re-scaled by the drift when the drift is over ``budget.drift_tolerance``
-(``drift_action = "rescaled"``), since a slower host is not a model error; both errors are
-kept. Under continuous serving the drift is recorded but never re-scales the prediction:
+prediction re-scaled by the drift when the drift is over ``budget.drift_tolerance`` and
+beyond twice its own noise (``drift_action = "rescaled"``, ``lens.drift.Drift``), since a
+slower host is not a model error; both errors are kept. Under continuous serving the drift is recorded but never re-scales the prediction:
 below saturation the throughput is the offered rate whatever the host's speed, and queueing
 is not proportional to it. A failed one (an error, or past ``budget.confirm_timeout_s``) is
 recorded with its error.
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from lens.drift import corrected as drift_corrected
-from lens.drift import host_drift, reference_probe
+from lens.drift import drift_of, reference_probe
 from lens.metrics import summarize
 from lens.serving_metrics import RequestSLO, summarize_serving
 from lens.types import BucketProfile, Candidate, Requests
@@ -61,6 +62,8 @@ class Confirmation:
     drift_action: str = "none"
     #: the same mean error with the prediction re-scaled by ``host_drift``
     e2e_request_mape_corrected_pct: float | None = None
+    #: the drift's own noise (one standard error, ``lens.drift.Drift``)
+    host_drift_err: float | None = None
 
     def error_pct(self, metric: str, *, corrected: bool = False) -> float:
         """The prediction's error on ``metric`` in percent; ``corrected``: re-scaled by the host's drift first."""
@@ -74,7 +77,8 @@ class Confirmation:
              "predicted": dict(self.predicted), "measured": dict(self.measured),
              "e2e_request_mape_pct": self.e2e_request_mape_pct, "error": self.error,
              "host_drift": self.host_drift, "drift_action": self.drift_action,
-             "e2e_request_mape_corrected_pct": self.e2e_request_mape_corrected_pct}
+             "e2e_request_mape_corrected_pct": self.e2e_request_mape_corrected_pct,
+             "host_drift_err": self.host_drift_err}
         return {k: v for k, v in d.items() if v is not None}
 
     @classmethod
@@ -86,7 +90,8 @@ class Confirmation:
                    measured={k: nan if v is None else float(v) for k, v in d.get("measured", {}).items()},
                    e2e_request_mape_pct=d.get("e2e_request_mape_pct"), error=d.get("error"),
                    host_drift=d.get("host_drift"), drift_action=d.get("drift_action", "none"),
-                   e2e_request_mape_corrected_pct=d.get("e2e_request_mape_corrected_pct"))
+                   e2e_request_mape_corrected_pct=d.get("e2e_request_mape_corrected_pct"),
+                   host_drift_err=d.get("host_drift_err"))
 
 
 def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests: Requests, dispatcher: "Dispatcher",
@@ -134,15 +139,17 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
                                          slo=RequestSLO.from_constraints(dict(space.slo)))
             else:
                 meas = summarize(requests, ttft_s=wr.ttft_s, e2e_s=wr.e2e_s, total_s=wr.total_s, chips=c.tp)
-            drift = host_drift(refs[c], run.reference_s) if refs[c] and run.reference_s else None
+            dr = drift_of(refs[c], run.reference_s) if refs[c] and run.reference_s else None
+            drift = None if dr is None else dr.value
             per_req = np.abs(ev.prediction.e2e_s - wr.e2e_s) / wr.e2e_s
             fixed = None if drift is None or continuous else float(
                 (np.abs(ev.prediction.e2e_s * drift - wr.e2e_s) / wr.e2e_s).mean() * 100)
             action = "no reference" if drift is None else (
-                "rescaled" if abs(drift - 1) > space.budget.drift_tolerance and not continuous else "none")
+                "rescaled" if dr.significant(space.budget.drift_tolerance) and not continuous else "none")
             conf = Confirmation(c, flagged=False, simulated=wr.simulated, predicted={m: ev.metrics[m] for m in metrics},
                                 measured={m: meas[m] for m in metrics}, e2e_request_mape_pct=float(per_req.mean() * 100),
-                                host_drift=drift, drift_action=action, e2e_request_mape_corrected_pct=fixed)
+                                host_drift=drift, drift_action=action, e2e_request_mape_corrected_pct=fixed,
+                                host_drift_err=None if dr is None else dr.err)
             tol = space.budget.tolerance * 100  # (a NaN error, e.g. no TPOT of one-token outputs, flags nothing)
             judged = action == "rescaled"
             flagged = any(abs(conf.error_pct(m, corrected=judged)) > tol for m in CONFIRM_METRICS)

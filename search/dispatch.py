@@ -85,6 +85,7 @@ class ConfirmRun:
 def _confirm_task(target: Target, candidate: Candidate, requests: Requests, reference: Probe | None = None):
     import dataclasses
 
+    from lens.drift import halves
     from lens.types import Unit
     from runners import get_runner
 
@@ -94,10 +95,15 @@ def _confirm_task(target: Target, candidate: Candidate, requests: Requests, refe
         runner.check_mode(target.serving, requests)  # before compiling anything
         warm = runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
         times, hw = None, 0.0
-        if reference is not None:  # how fast the host is now, just before the workload (lens.drift)
-            res = runner.profile(Unit(target, candidate.tp, candidate.batch), [reference])
+        unit = Unit(target, candidate.tp, candidate.batch)
+        if reference is not None:  # how fast the host is now: before the workload, and after it (lens.drift)
+            first, second = halves(reference)
+            res = runner.profile(unit, [first])
             times, hw = tuple(res.runs[0].times_s), res.compile_s + res.run_s
         run = runner.run_workload(candidate, requests, mode=target.serving)  # the same arrivals as predicted
+        if reference is not None:
+            res = runner.profile(unit, [second])
+            times, hw = times + tuple(res.runs[0].times_s), hw + res.compile_s + res.run_s
     except _PERMANENT as exc:
         yield _Permanent.of(exc)
         return

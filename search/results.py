@@ -182,6 +182,7 @@ def confirm_table(confirmed: Sequence[Confirmation]) -> pd.DataFrame:
                 row.update({f"{m}_predicted": c.predicted[m], f"{m}_measured": c.measured[m],
                             f"{m}_err_%": c.error_pct(m)})
             row.update({"e2e_request_mape_%": c.e2e_request_mape_pct, "host_drift": c.host_drift,
+                        "host_drift_err": c.host_drift_err,
                         "drift_action": c.drift_action,
                         "e2e_request_mape_drift_corrected_%": c.e2e_request_mape_corrected_pct})
             if c.host_drift and c.e2e_request_mape_corrected_pct is not None:  # None: no linear correction (serving)

@@ -130,8 +130,9 @@ class Budget:
     tolerance: float = setting(0.10, float, above=0, below=10, hint="a fraction such as 0.1",
                                help="confirmation disagreement flagged above this fraction")
     drift_tolerance: float = setting(0.05, float, above=0, below=1, hint="a fraction such as 0.05",
-                                     help="host drift (a reference probe now vs in the profile) beyond which a "
-                                          "confirmation's prediction is re-scaled by it before it is judged")
+                                     help="host drift (a reference probe now vs in the profile) beyond which, and "
+                                          "beyond twice its own noise, a confirmation's prediction is re-scaled by "
+                                          "it before it is judged")
 
 
 @dataclass(frozen=True)

@@ -82,19 +82,24 @@ def test_measure_reports_host_drift_and_the_error_corrected_by_it(tmp_path, caps
     assert main(["profile", str(sp), "--tp", "1", "--batch", "2", "--cache", str(cache), "--json"]) == 0
     quiet = measure(sp, cache, capsys)
     assert quiet["host_drift"] == pytest.approx(1.0, abs=0.03)
+    assert quiet["drift_significant"] is False and 0 <= quiet["host_drift_err"] < 0.03
+    # the reference ran on both sides of the workload, half of its repeats each
+    ref = quiet["reference_probe"]
+    assert len(ref["times_before_s"]) >= 2 and len(ref["times_after_s"]) >= 2
     assert quiet["prediction_e2e_mape_pct"] < 5
     # minutes later the host is 20% slower (the environment is no part of the device's fingerprint)
     monkeypatch.setenv("TOY_NPU_MODE", "drift")
     monkeypatch.setenv("TOY_NPU_DRIFT", "1.2")
     slow = measure(sp, cache, capsys)
     assert slow["host_drift"] == pytest.approx(1.2, abs=0.03)
+    assert slow["drift_significant"] is True
     assert slow["reference_probe"]["bucket"] in (64, 128, 256)
     assert slow["prediction_e2e_mape_pct"] > 12  # as is: the drift looks like a model error ...
     assert slow["prediction_e2e_mape_drift_corrected_pct"] < 5  # ... corrected by host_drift, it is gone
     capsys.readouterr()
     assert main(["measure", str(sp), "--tp", "1", "--batch", "2", *reqs(tmp_path), "--cache", str(cache)]) == 0
     text = capsys.readouterr().out
-    assert "host_drift: 1.2" in text and "slower" in text and "drift-corrected" in text
+    assert "host_drift: 1.2" in text and "slower" in text and "beyond its noise" in text and "drift-corrected" in text
 
 
 def test_measure_without_a_cached_profile_says_drift_is_unknown(tmp_path, capsys):

@@ -1,0 +1,47 @@
+"""The drift's own noise: a shift inside the reference's scatter is not a drift to correct by."""
+import numpy as np
+import pytest
+
+from lens.drift import Drift, Reference, drift_of, halves
+from lens.types import Probe
+
+
+def ref_of(times) -> Reference:
+    return Reference(Probe(64, 1, 40, 6), float(np.median(times)), tuple(times))
+
+
+def test_a_clear_shift_is_significant_and_its_noise_small():
+    then = [1.00, 1.01, 0.99, 1.00, 1.02, 0.99]
+    d = drift_of(ref_of(then), [1.20, 1.21, 1.19, 1.20, 1.22, 1.18])
+    assert d.value == pytest.approx(1.2, abs=0.01)
+    assert 0 < d.err < 0.02
+    assert d.significant(0.05)
+
+
+def test_a_shift_inside_the_scatter_is_not_significant():
+    # a host whose runs scatter by +-15% (a shared VM): a 7% shift of the medians is within the noise
+    then = [0.85, 1.15, 1.00, 0.90, 1.10, 1.00]
+    now = [1.22, 0.92, 1.07, 0.97, 1.18, 1.05]
+    d = drift_of(ref_of(then), now)
+    assert d.value == pytest.approx(1.06, abs=0.01)
+    assert d.err > 0.035
+    assert not d.significant(0.05)
+
+
+def test_tolerance_and_noise_both_gate():
+    assert not Drift(1.04, 0.001).significant(0.05)  # inside the tolerance
+    assert not Drift(1.10, 0.06).significant(0.05)  # beyond it, but inside twice the noise
+    assert Drift(0.88, 0.01).significant(0.05)  # faster counts too
+
+
+def test_a_profile_without_raw_runs_compares_with_its_time():
+    ref = Reference(Probe(64, 1, 40, 4), 2.0)
+    d = drift_of(ref, [2.4, 2.4, 2.4, 2.4])
+    assert d.value == pytest.approx(1.2) and d.err == pytest.approx(0.0)
+
+
+def test_halves_split_the_repeats_before_and_after():
+    a, b = halves(Probe(64, 1, 40, 5))
+    assert (a.repeats, b.repeats) == (3, 2) and a.output_len == b.output_len == 40
+    a, b = halves(Probe(64, 1, 40, 1))
+    assert (a.repeats, b.repeats) == (1, 1)
