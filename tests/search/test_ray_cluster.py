@@ -86,14 +86,23 @@ def _ray_py(code: str, env) -> str:
 
 
 def _stop(procs: list) -> None:
+    """Stop the nodes, workers before the head, then kill whatever of their groups is left.
+
+    SIGTERM goes to `ray start` alone: it drains its node through the head's GCS, then stops
+    its own processes. A SIGTERM to the whole group kills the GCS first and leaves every
+    `ray start` waiting 30 s for a GCS that is gone.
+    """
     for p in reversed(procs):
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
+            p.terminate()
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
         try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:  # the group is gone: nothing of the node is left
+            pass
 
 
 @pytest.fixture
