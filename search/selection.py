@@ -6,21 +6,18 @@ Optuna, no files. The throughput objective is maximised and the latency one mini
 from __future__ import annotations
 
 import math
-from typing import Callable, Container, Iterable, Mapping, Sequence
+from typing import Callable, Container, Iterable, Sequence
 
 import numpy as np
 
-from lens.types import BucketProfile, Candidate
+from lens.types import Candidate
 from spaces import SearchSpace, Space
 
-from .encoding import all_candidates
 from .evaluate import Evaluation
 from .pareto import hypervolume, pareto_mask
 
 #: most units profiled per round: later rounds see better priors, so fewer wasted units
 UNITS_PER_ROUND = 4
-#: most bucket sets of one measured unit evaluated exhaustively
-SWEEP_CAP = 4096
 #: candidates shown as the nearest ones when none meets the SLO
 NEAREST = 5
 #: front points of one unit whose two objectives both differ by less than this fraction read
@@ -196,22 +193,6 @@ def confirm_pick(front: Sequence[Evaluation], k: int, space: Space) -> list[int]
     inner = picks[1:-1]  # the ends stay: they bound the front
     swap = min(inner, key=lambda i: (abs(i - doubt), i))
     return sorted(set(picks) - {swap} | {doubt})
-
-
-def measured_sweep(space: SearchSpace, measured: Mapping[Unit, Mapping[int, BucketProfile]],
-                   cap: int = SWEEP_CAP) -> list[Candidate]:
-    """Every bucket set of each measured unit that its profiles cover (at most ``cap`` per unit).
-
-    Predictions are cheap once a unit is measured, so all of its bucket sets are evaluated
-    rather than left to the sampler to stumble on.
-    """
-    by_unit: dict[Unit, list[Candidate]] = {}
-    for c in all_candidates(space):
-        by_unit.setdefault((c.tp, c.batch), []).append(c)
-    out = []
-    for unit, prof in measured.items():
-        out.extend([c for c in by_unit.get(unit, []) if all(b in prof for b in c.all_buckets)][:cap])
-    return out
 
 
 def anchor_unit(space: SearchSpace, infeasible: Callable[[int, int], str | None]) -> Unit | None:

@@ -7,7 +7,7 @@ from lens.types import Candidate, ModelShape, Target
 from search.evaluate import Evaluation
 from search.selection import (
     anchor_unit, by_latency, confirm_pick, distinct, front_of, hv_gain, knee, least_certain_near_knee,
-    may_be_dominated_by, measured_sweep, near_duplicates, nearest, promising_units, spread_pick,
+    may_be_dominated_by, near_duplicates, nearest, promising_units, spread_pick,
 )
 from spaces import SearchSpace, Space
 
@@ -110,15 +110,6 @@ def test_with_no_candidate_meeting_the_slo_the_nearest_are_promising():
     assert nearest([d, c, b, a], sp) == [a, b, c, d]
     got = promising_units([a, b, c, d], sp, failed=(), missing=lambda c: [64])
     assert got == {(1, 1): [64], (1, 2): [64], (1, 4): [64]}  # the three nearest, not d
-
-
-def test_measured_sweep_covers_the_sets_the_profiles_allow():
-    sp = space()
-    prof = {(1, 1): dict.fromkeys((128, 256)), (2, 4): dict.fromkeys(ALL)}
-    got = measured_sweep(sp.search, prof)
-    assert {c.all_buckets for c in got if (c.tp, c.batch) == (1, 1)} == {(256,), (128, 256)}
-    assert len([c for c in got if (c.tp, c.batch) == (2, 4)]) == 4  # every subset holding 256
-    assert len(measured_sweep(sp.search, prof, cap=1)) == 2
 
 
 def test_anchor_is_the_smallest_tp_at_a_middling_batch():
