@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import search.dispatch
 from search.cli import main
+from spacekit import TINY_MODEL
 
 BASE_SPACE = """
 [target]
@@ -35,14 +36,7 @@ bucket_policy = "exclusive"
 dtype = "bfloat16"
 seed = 0
 
-[target.model]
-layers = 2
-hidden = 256
-heads = 4
-kv_heads = 2
-intermediate = 512
-vocab = 1000
-
+""" + TINY_MODEL + """
 [target.options]
 noise = 0.01
 

@@ -13,6 +13,7 @@ import pytest
 
 from lens.errors import RunnerUnavailable
 from lens.types import Candidate, ModelShape, Requests, Target, Unit
+from spacekit import space_table, tiny_target
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("vllm", "torch", "torch_neuronx", "neuronx_distributed", "neuronx_distributed_inference", "neuronxcc",
@@ -109,23 +110,7 @@ _BLOCKER = (
     "            raise ImportError(f'{name} is not installed here')\n"
     "sys.meta_path.insert(0, _Blocked())\n"
 )
-_SIM_SPACE = """
-[target]
-name = "no-search"
-runner = "sim"
-hardware = "inf2"
-[target.model]
-layers = 2
-hidden = 256
-heads = 4
-kv_heads = 2
-intermediate = 512
-vocab = 1000
-[space]
-tp = [1]
-batch = [2]
-buckets = [64, 128]
-"""
+_SIM_SPACE = tiny_target("no-search") + space_table()
 
 
 def test_the_blocker_really_blocks():

@@ -9,23 +9,12 @@ import numpy as np
 import pytest
 
 from search.cli import main
+from spacekit import TINY_MODEL, space_table, tiny_target
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "examples" / "command_runner" / "toy_npu.py"
-MODEL = """
-[target.model]
-layers = 2
-hidden = 256
-heads = 4
-kv_heads = 2
-intermediate = 512
-vocab = 1000
-[space]
-tp = [1]
-batch = [2]
-buckets = [64, 128]
-"""
-SIM = '[target]\nname = "cli-serving"\nrunner = "sim"\nhardware = "inf2"\n' + MODEL
+MODEL = TINY_MODEL + space_table()
+SIM = tiny_target("cli-serving") + space_table()
 UNIT = ["--tp", "1", "--batch", "2", "--buckets", "64,128"]
 def _write_traces(d: Path) -> None:
     """short.csv: 60 requests that fit 128 tokens; timed.csv: the same with an arrival every 0.25 s."""

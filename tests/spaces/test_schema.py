@@ -15,28 +15,11 @@ from lens.types import Target
 from search.cli import build_parser
 from spaces import Budget, Hosts, Objectives, ProfileSettings, SearchSpace, WorkloadSpec, load_space
 from spaces import schema
+from spacekit import space_table, tiny_target
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MINIMAL = """
-[target]
-name = "t"
-runner = "sim"
-hardware = "inf2"
-[target.model]
-layers = 2
-hidden = 256
-heads = 4
-kv_heads = 2
-intermediate = 512
-vocab = 1000
-[space]
-tp = [1]
-batch = [1]
-buckets = [64, 128]
-[workload]
-distribution = "sharegpt"
-"""
+MINIMAL = tiny_target("t") + space_table(batch=(1,)) + '[workload]\ndistribution = "sharegpt"\n'
 
 
 def _minimal(tmp_path) -> Path:

@@ -11,29 +11,10 @@ from lens.errors import SpaceError, UserError
 from lens.types import Scheduler
 from spaces import load_space
 from spaces.workload import load_requests
+from spacekit import space_table, tiny_target
 
-BASE = """
-[target]
-name = "t"
-runner = "sim"
-hardware = "inf2"
-{target}
-[target.model]
-layers = 2
-hidden = 256
-heads = 4
-kv_heads = 2
-intermediate = 512
-vocab = 1000
-{scheduler}
-[space]
-tp = [1]
-batch = [2]
-buckets = [64, 128]
-[workload]
-{workload}
-{rest}
-"""
+# {target}: lines under [target]; {scheduler}: a [target.scheduler] table
+BASE = tiny_target("t", extra="{target}\n") + "{scheduler}\n" + space_table() + "[workload]\n{workload}\n{rest}\n"
 
 
 def space(tmp_path, *, target="", scheduler="", workload='distribution = "sharegpt"\nlength_scale = 0.1',
