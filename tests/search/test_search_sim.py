@@ -94,16 +94,19 @@ def test_a_store_line_cut_by_a_kill_is_dropped_and_the_run_resumes(tmp_path, ray
     assert store.read_bytes().endswith(b"\n")
 
 
-def test_a_store_damaged_before_its_end_is_refused(tmp_path, ray_local):
+def test_a_store_damaged_before_its_end_is_refused(tmp_path, ray_local, capsys):
     space = write_space(tmp_path)
     first = _run(space, tmp_path, name="bad", trials=20, confirm=False)
     store = first.run_dir / "study.journal"
     lines = store.read_bytes().splitlines(keepends=True)
     store.write_bytes(b"".join(lines[:3] + [b"garbage\n"] + lines[3:]))
-    r = _cli("run", str(space), "--cache", str(tmp_path / "cache.sqlite"), "--results", str(tmp_path / "results"),
-             "--name", "bad", "--no-confirm", "--no-progress")
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "study.journal, line 4" in r.stderr and "--fresh" in r.stderr
+    capsys.readouterr()
+    # in this process: the command line's own exit and message, on the Ray already started
+    code = main(["run", str(space), "--cache", str(tmp_path / "cache.sqlite"), "--results", str(tmp_path / "results"),
+                 "--name", "bad", "--no-confirm", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "study.journal, line 4" in err and "--fresh" in err
 
 
 def test_confirm_reads_the_front_from_the_ledger(tmp_path, ray_local, capsys):
