@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import write_space
+from searchkit import write_space
 from search.cli import main
 
 UNIT = ["--tp", "1", "--batch", "4"]

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from conftest import write_space
+from searchkit import write_space
 from lens.compose import UnitTable, predict
 from lens.distributions import sample
 from lens.metrics import summarize_prediction

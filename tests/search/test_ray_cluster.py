@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_space
+from searchkit import write_space
 
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
 pytestmark = pytest.mark.skipif(RAY is None, reason="the ray command line is not installed")

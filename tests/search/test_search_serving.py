@@ -4,7 +4,7 @@ import json
 
 import pandas as pd
 
-from conftest import SIM_SPACE
+from searchkit import SIM_SPACE
 from search.cmd_run import _num, print_front
 from search.run import run
 

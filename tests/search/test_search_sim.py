@@ -9,7 +9,7 @@ import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from conftest import write_space
+from searchkit import write_space
 from search.cli import main
 from search.encoding import all_candidates
 from search.evaluate import Evaluator
