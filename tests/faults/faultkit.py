@@ -7,9 +7,9 @@ a results folder that cannot be written, hostile input) and describes it through
 ``fault`` fixture. At the end of the session the table "fault / injected / survived /
 profiles lost / duplicated" is printed, a row per test; "survived" is the test's verdict.
 
-(There is no ``conftest.py`` here: another test folder imports its own ``conftest``
-module by name, and a second one would shadow it. The test modules import these
-fixtures; the table is a plugin the first of them registers.)
+(There is no ``conftest.py`` here: the test modules import these fixtures; the table is a
+plugin the first of them registers. The simulated space is tests/spacekit.py's, shared with
+the search tests.)
 """
 from __future__ import annotations
 
@@ -24,46 +24,12 @@ from pathlib import Path
 
 import pytest
 
+from spacekit import sim_space
+
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "examples" / "command_runner" / "toy_npu.py"
 
-SIM_SPACE = """
-[target]
-name = "fault-sim"
-runner = "sim"
-hardware = "inf2"
-bucket_policy = "exclusive"
-dtype = "bfloat16"
-
-[target.model]
-layers = 8
-hidden = 1024
-heads = 16
-kv_heads = 8
-intermediate = 4096
-vocab = 32000
-
-[target.options]
-noise = 0.01
-{options}
-
-[space]
-tp = [1, 2]
-batch = [1, 4]
-buckets = [128, 256, 512, 1024]
-
-[workload]
-distribution = "sharegpt"
-length_scale = 0.5
-drop_longer = true
-requests = 40
-seed = 0
-
-[budget]
-trials = 20
-top_k = 1
-{extra}
-"""
+SIM_SPACE = sim_space(name="fault-sim", requests=40, trials=20, top_k=1)
 
 TOY_SPACE = """
 [target]
