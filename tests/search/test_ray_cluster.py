@@ -105,10 +105,15 @@ def _stop(procs: list) -> None:
             pass
 
 
-@pytest.fixture
-def ray_head(tmp_path):
-    """A head node with token authentication, as a shared cluster should run: (address, env, procs)."""
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    """A head node with token authentication, as a shared cluster should run: (address, env, procs).
+
+    One for the module: each test's nodes and files are its own, and a head takes seconds to start.
+    """
     import ray
+
+    tmp_path = tmp_path_factory.mktemp("head")
 
     if ray.is_initialized():  # a local Ray of an earlier test in this process: free its cores first
         ray.shutdown()
@@ -163,6 +168,7 @@ def cluster(tmp_path, ray_head):
               name, procs)
         return procs[-1]
 
+    heads = len(procs)  # the head's own (it may have been started more than once)
     running = {name: worker(name, acc) for name, acc in WORKERS}
     for attempt in range(3):
         # every node said it started; the head may still be registering the last one: wait for it
@@ -175,7 +181,12 @@ def cluster(tmp_path, ray_head):
         for name, acc in dead:
             running[name] = worker(f"{name}-again{attempt}", acc)
     assert len(nodes) == 1 + len(WORKERS), (nodes, [p.poll() for p in procs])
-    yield addr, nodes, env
+    try:
+        yield addr, nodes, env
+    finally:
+        # the workers stop with their test; the head serves the module's next test
+        _stop(procs[heads:])
+        del procs[heads:]
 
 
 def test_profiling_tasks_land_only_on_nodes_with_the_resources(tmp_path, cluster):
