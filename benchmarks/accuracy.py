@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.busy import host_jitter, load_of  # noqa: E402
 from benchmarks.profiling_before import measure_before  # noqa: E402
 from lens.compose import UnitTable, predict  # noqa: E402
-from lens.drift import drift_of, reference_probe  # noqa: E402
+from lens.drift import drift_of, halves, reference_probe  # noqa: E402
 from lens.probes import plan_probes  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from runners import get_runner  # noqa: E402
@@ -115,7 +115,7 @@ def one_unit(runner, case: Case, batch: int, args, log) -> dict:
     t_before = time.perf_counter() - t0
     req = held_out(case, args.held_out * batch, seed=100 + batch, batch=batch)
     ref = reference_probe(now.profiles, req.input_len, case.buckets, policy=case.policy, repeats=settings.repeats)
-    first, second = ref.halves()  # as `lensopt measure` does: the reference before and after the runs
+    first, second = halves(ref.probe)  # as `lensopt measure` does: the reference before and after the runs
     runner.run_workload(cand, req.head(batch))  # warm the candidate's graphs
     before_ref = runner.profile(Unit(target, 1, batch), [first]).runs[0].times_s
     runs = [runner.run_workload(cand, req) for _ in range(args.repeats)]

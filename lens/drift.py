@@ -44,9 +44,6 @@ class Reference:
     #: the reference's repeats in the profile (empty for a profile stored without its raw runs)
     cached_times_s: tuple[float, ...] = ()
 
-    def halves(self) -> tuple[Probe, Probe]:
-        return halves(self.probe)
-
 
 def halves(probe: Probe) -> tuple[Probe, Probe]:
     """A reference probe split in two runs of its repeats, one before and one after a measurement."""

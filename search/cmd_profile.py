@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from lens.compose import UnitTable, predict
-from lens.drift import Drift, drift_of, reference_probe
+from lens.drift import Drift, drift_of, halves, reference_probe
 from lens.errors import MissingProfiles
 from lens.metrics import summarize, summarize_prediction, tpot_of
 from lens.serving import predict_serving
@@ -270,14 +270,16 @@ def cmd_measure(args) -> int:
     ref = reference_probe(profiles, requests.input_len, cand.ctx_buckets, policy=space.target.bucket_policy,
                           repeats=space.profile.repeats)
     t0 = time.perf_counter()
-    before = runner.profile(unit, [ref.halves()[0]]).runs[0].times_s if ref is not None else ()
+    first, second = halves(ref.probe) if ref is not None else (None, None)
+    before = runner.profile(unit, [first]).runs[0].times_s if ref is not None else ()
     runs = []
     for _ in range(args.repeats):
         runs.append(runner.run_workload(cand, requests, mode=serve_mode))
     # the reference on both sides of the runs: the drift over the measurement's own window
-    after = runner.profile(unit, [ref.halves()[1]]).runs[0].times_s if ref is not None else ()
+    after = runner.profile(unit, [second]).runs[0].times_s if ref is not None else ()
     wall = time.perf_counter() - t0
-    drift, ref_extra = None, {}
+    d = drift = None
+    ref_extra = {}
     if ref is not None:  # how fast the host is now against when it profiled
         d = drift_of(ref, before + after)
         drift = d.value
@@ -317,7 +319,7 @@ def cmd_measure(args) -> int:
     else:
         _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label, sample)
     if not args.json:
-        print(_drift_line(ref_extra.get("host_drift_err"), drift, ref, space.budget.drift_tolerance))
+        print(_drift_line(d, ref, space.budget.drift_tolerance))
     return 0
 
 
@@ -345,13 +347,13 @@ def _prediction_error(space, cand, profiles, requests, e2e, drift, *, serving: b
     return out
 
 
-def _drift_line(err, drift, ref, tolerance: float) -> str:
-    if drift is None:
+def _drift_line(d: Drift | None, ref, tolerance: float) -> str:
+    if d is None:
         return ("host_drift: unknown (no cached profile of a bucket these requests use; `lensopt profile` the unit "
                 "to compare)")
     p = ref.probe
+    drift = d.value
     how = "slower" if drift > 1 else "faster"
-    d = Drift(drift, err or 0.0)
     verdict = ("beyond its noise and the tolerance: predictions times it are the drift-corrected ones"
                if d.significant(tolerance) else
                f"within its noise or the {tolerance:.0%} tolerance: read the prediction as is")

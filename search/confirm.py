@@ -7,14 +7,14 @@ continuous serving, released at the same arrival times as predicted), after a wa
 that compiles its graphs (both count as hardware seconds). Around the workload (half its
 repeats before, half after) the task runs one reference probe of the unit again
 (``lens.drift``): ``host_drift`` says how much slower (> 1) or faster the host was over the
-run than when it profiled. A confirmation disagreeing
-by more than ``budget.tolerance`` on any of ``CONFIRM_METRICS`` is flagged -- judged on the
-prediction re-scaled by the drift when the drift is over ``budget.drift_tolerance`` and
-beyond twice its own noise (``drift_action = "rescaled"``, ``lens.drift.Drift``), since a
-slower host is not a model error; both errors are kept. Under continuous serving the drift is recorded but never re-scales the prediction:
-below saturation the throughput is the offered rate whatever the host's speed, and queueing
-is not proportional to it. A failed one (an error, or past ``budget.confirm_timeout_s``) is
-recorded with its error.
+run than when it profiled. A confirmation disagreeing by more than ``budget.tolerance`` on
+any of ``CONFIRM_METRICS`` is flagged -- judged on the prediction re-scaled by the drift
+when the drift is over ``budget.drift_tolerance`` and beyond twice its own noise
+(``drift_action = "rescaled"``, ``lens.drift.Drift``), since a slower host is not a model
+error; both errors are kept. Under continuous serving the drift is recorded but never
+re-scales the prediction: below saturation the throughput is the offered rate whatever the
+host's speed, and queueing is not proportional to it. A failed one (an error, or past
+``budget.confirm_timeout_s``) is recorded with its error.
 """
 from __future__ import annotations
 
