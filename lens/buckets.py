@@ -96,6 +96,35 @@ def select(length: int, buckets: Sequence[int], policy: str) -> int:
     return int(buckets[i])
 
 
+def decode_contexts(input_len, output_len) -> tuple[int, int] | None:
+    """The range [lo, hi] of contexts the requests' decode steps run at (None: no request decodes).
+
+    A request of prompt ``l`` and ``o`` output tokens decodes at contexts l + 1 .. l + o - 1.
+    """
+    lin, lout = np.asarray(input_len, dtype=np.int64), np.asarray(output_len, dtype=np.int64)
+    dec = lout > 1
+    if not dec.any():
+        return None
+    return int(lin[dec].min()) + 1, int((lin + lout - 1)[dec].max())
+
+
+def used_buckets(ctx_buckets: Sequence[int], tkg_buckets: Sequence[int], input_len, *, policy: str,
+                 contexts: tuple[int, int] | None) -> frozenset[int]:
+    """The buckets whose numbers a prediction of these requests can depend on.
+
+    A context-encoding bucket is used when some prompt runs in it; a token-generation bucket
+    when its length range meets the decode ``contexts`` (``decode_contexts``: a superset,
+    never a bucket in use left out).
+    """
+    ctx = np.asarray(ctx_buckets, dtype=np.int64)
+    idx = select_index(input_len, ctx, policy)
+    used = set(ctx[np.unique(idx[idx >= 0])].tolist())
+    if contexts is not None:
+        lo, hi = bucket_ranges(tkg_buckets, policy)
+        used |= {b for b, a, z in zip(tkg_buckets, lo, hi) if a <= contexts[1] and z >= contexts[0]}
+    return frozenset(int(b) for b in used)
+
+
 def max_length(buckets: Sequence[int]) -> int:
     """The longest length a bucket set holds (under both policies, the largest bucket)."""
     return int(buckets[-1])

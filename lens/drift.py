@@ -105,6 +105,30 @@ def drift_of(ref: Reference, times_s: Sequence[float], *, draws: int = DRAWS, se
     return Drift(host_drift(ref, now), float(spread(ratio)))
 
 
+#: what a measurement did about the host's drift before it was judged
+NO_REFERENCE, NO_ACTION, RESCALED, REPROFILED = "no reference", "none", "rescaled", "reprofiled"
+
+
+def action(d: Drift | None, *, tolerance: float, reprofile_above: float, rescalable: bool = True) -> str:
+    """What to do about drift ``d`` before a prediction is judged against a measurement.
+
+    Inside its noise or the ``tolerance``: nothing. Beyond them, a drift larger than
+    ``reprofile_above`` re-profiles the buckets in use: one factor stands for the host only
+    when every part of the work (launches, matmuls, memory traffic) slowed alike, which a
+    shared host does not do (docs/noise.md), and a drift that large decides a verdict by
+    itself. A smaller one re-scales the prediction by it, where the metrics scale with the
+    host's speed (``rescalable``: not under continuous serving, where below saturation the
+    throughput is the offered rate and queueing is not proportional to the host's speed).
+    """
+    if d is None:
+        return NO_REFERENCE
+    if not d.significant(tolerance):
+        return NO_ACTION
+    if abs(d.value - 1.0) > reprofile_above:
+        return REPROFILED
+    return RESCALED if rescalable else NO_ACTION
+
+
 def corrected(metric: str, value: float, drift: float) -> float:
     """A predicted metric corrected for ``drift``: latencies times it, throughputs divided by it."""
     if metric.startswith("throughput"):

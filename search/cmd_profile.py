@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from lens.compose import UnitTable, predict
-from lens.drift import Drift, drift_of, halves, reference_probe
+from lens.drift import REPROFILED, RESCALED
 from lens.errors import MissingProfiles
 from lens.metrics import summarize, summarize_prediction, tpot_of
 from lens.serving import predict_serving
@@ -24,6 +24,7 @@ from .cli_common import (
     mode_of, print_json, requests_for, space_and_unit, table,
 )
 from .cli_serving import add_serving_args, check_serving_args, print_serving, request_slo, with_arrivals
+from .drift_check import DriftCheck, DriftOutcome, bracketed
 from .profiler import check_subset, profile_missing
 
 #: most end-to-end runs of one ``measure`` (each runs the whole request list)
@@ -187,7 +188,7 @@ def _report(kind: str, requests, ttft, tpot, e2e, summary: dict, extra: dict, as
 
 
 #: the measurement's drift figures, printed on a line of their own (``_drift_line``)
-DRIFT_KEYS = ("host_drift", "host_drift_err", "drift_significant")
+DRIFT_KEYS = ("host_drift", "host_drift_err", "drift_significant", "drift_action", "drift_note")
 
 
 def _requests(args, space, cand):
@@ -267,27 +268,15 @@ def cmd_measure(args) -> int:
     unit = Unit(target=space.target, tp=tp, batch=batch)
     runner.check_unit(unit)
     profiles = _cached(args, runner, cand)
-    ref = reference_probe(profiles, requests.input_len, cand.ctx_buckets, policy=space.target.bucket_policy,
-                          repeats=space.profile.repeats)
+    check = DriftCheck.of(space, cand, requests, profiles)
     t0 = time.perf_counter()
-    first, second = halves(ref.probe) if ref is not None else (None, None)
-    before = runner.profile(unit, [first]).runs[0].times_s if ref is not None else ()
-    runs = []
-    for _ in range(args.repeats):
-        runs.append(runner.run_workload(cand, requests, mode=serve_mode))
-    # the reference on both sides of the runs: the drift over the measurement's own window
-    after = runner.profile(unit, [second]).runs[0].times_s if ref is not None else ()
+    # the reference on both sides of the runs (the drift over the measurement's own window), and
+    # the requests' buckets profiled again when it is large (search.drift_check)
+    runs, dr = bracketed(runner, unit, check,
+                         lambda: [runner.run_workload(cand, requests, mode=serve_mode) for _ in range(args.repeats)])
     wall = time.perf_counter() - t0
-    d = drift = None
-    ref_extra = {}
-    if ref is not None:  # how fast the host is now against when it profiled
-        d = drift_of(ref, before + after)
-        drift = d.value
-        ref_extra = {"host_drift_err": d.err, "drift_significant": d.significant(space.budget.drift_tolerance),
-                     "reference_probe": {"bucket": ref.probe.bucket, "input_len": ref.probe.input_len,
-                                         "output_len": ref.probe.output_len, "profiled_s": ref.cached_s,
-                                         "now_s": drift * ref.cached_s, "times_before_s": list(before),
-                                         "times_after_s": list(after)}}
+    drift = dr.drift.value if dr is not None else None
+    ref_extra = _drift_extra(dr, check, space.budget.drift_tolerance) if dr is not None else {}
     ttft = np.median(np.stack([r.ttft_s for r in runs]), axis=0)
     e2e_all = np.stack([r.e2e_s for r in runs])
     e2e = np.median(e2e_all, axis=0)
@@ -310,7 +299,8 @@ def cmd_measure(args) -> int:
         # the reference probe's time now over its time in the cached profile (null: nothing cached to compare)
         "host_drift": drift,
         **ref_extra,
-        **_prediction_error(space, cand, profiles, requests, e2e, drift, serving=serving is not None),
+        **_prediction_error(space, cand, profiles, requests, e2e, drift, serving=serving is not None,
+                            reprofiled=dr.profiles if dr is not None else {}),
     }
     label = (f"measurement ({'SIMULATED ' if sim else ''}{space.target.runner} on {space.target.hardware}, "
              f"median of {args.repeats}) for {cand.label()} on {space.target.name}")
@@ -319,7 +309,7 @@ def cmd_measure(args) -> int:
     else:
         _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label, sample)
     if not args.json:
-        print(_drift_line(d, ref, space.budget.drift_tolerance))
+        print(_drift_line(dr, check, space.budget))
     return 0
 
 
@@ -332,31 +322,66 @@ def _cached(args, runner, cand) -> dict:
         return cache.get_unit(runner.fingerprint(), cand.tp, cand.batch)
 
 
-def _prediction_error(space, cand, profiles, requests, e2e, drift, *, serving: bool) -> dict:
-    """Per-request E2E error of the cached profiles' prediction, as is and corrected for the host's drift
-    (``serving``: the continuous-batching prediction at the same arrivals)."""
+def _predicted_e2e(space, cand, profiles, requests, *, serving: bool) -> np.ndarray | None:
+    """Per-request E2E predicted from ``profiles`` (None when they miss a bucket the candidate needs)."""
     try:
         tbl = UnitTable.build(cand, profiles, policy=space.target.bucket_policy, prefill=space.target.prefill)
-        pred = (predict_serving(tbl, requests, scheduler=space.target.scheduler) if serving
-                else predict(tbl, requests, mode=space.target.batching))
     except MissingProfiles:
+        return None
+    pred = (predict_serving(tbl, requests, scheduler=space.target.scheduler) if serving
+            else predict(tbl, requests, mode=space.target.batching))
+    return pred.e2e_s
+
+
+def _prediction_error(space, cand, profiles, requests, e2e, drift, *, serving: bool, reprofiled) -> dict:
+    """Per-request E2E error of the cached profiles' prediction, as is and corrected for the host's drift
+    (re-scaled by it, and predicted from the ``reprofiled`` buckets where there are any); ``serving``: the
+    continuous-batching prediction at the same arrivals."""
+    pred = _predicted_e2e(space, cand, profiles, requests, serving=serving)
+    if pred is None:
         return {}
-    out = {"prediction_e2e_mape_pct": float(np.mean(np.abs(pred.e2e_s - e2e) / e2e) * 100)}
+    out = {"prediction_e2e_mape_pct": float(np.mean(np.abs(pred - e2e) / e2e) * 100)}
     if drift is not None:
-        out["prediction_e2e_mape_drift_corrected_pct"] = float(np.mean(np.abs(pred.e2e_s * drift - e2e) / e2e) * 100)
+        out["prediction_e2e_mape_drift_corrected_pct"] = float(np.mean(np.abs(pred * drift - e2e) / e2e) * 100)
+    if reprofiled:
+        again = _predicted_e2e(space, cand, {**profiles, **reprofiled}, requests, serving=serving)
+        out["prediction_e2e_mape_reprofiled_pct"] = float(np.mean(np.abs(again - e2e) / e2e) * 100)
     return out
 
 
-def _drift_line(d: Drift | None, ref, tolerance: float) -> str:
-    if d is None:
+def _drift_extra(dr: DriftOutcome, check: DriftCheck, tolerance: float) -> dict:
+    """The measurement's drift figures beside ``host_drift`` in ``--json``."""
+    ref = check.reference
+    out = {"host_drift_err": dr.drift.err, "drift_significant": dr.drift.significant(tolerance),
+           "drift_action": dr.action,
+           "reference_probe": {"bucket": ref.probe.bucket, "input_len": ref.probe.input_len,
+                               "output_len": ref.probe.output_len, "profiled_s": ref.cached_s,
+                               "now_s": dr.drift.value * ref.cached_s, "times_before_s": list(dr.times_before_s),
+                               "times_after_s": list(dr.times_after_s)}}
+    if dr.action == REPROFILED:
+        out["reprofiled"] = {"buckets": sorted(dr.profiles), "hardware_s": dr.reprofile_s}
+    if dr.note:
+        out["drift_note"] = dr.note
+    return out
+
+
+def _drift_line(dr: DriftOutcome | None, check: DriftCheck | None, budget) -> str:
+    if dr is None:
         return ("host_drift: unknown (no cached profile of a bucket these requests use; `lensopt profile` the unit "
                 "to compare)")
-    p = ref.probe
-    drift = d.value
-    how = "slower" if drift > 1 else "faster"
-    verdict = ("beyond its noise and the tolerance: predictions times it are the drift-corrected ones"
-               if d.significant(tolerance) else
-               f"within its noise or the {tolerance:.0%} tolerance: read the prediction as is")
-    return (f"host_drift: {drift:.3f} +- {d.err:.3f} -- the reference probe (bucket {p.bucket}, {p.input_len} in, "
-            f"{p.output_len} out; run before and after the workload) took {drift * ref.cached_s:.4g} s now, "
-            f"{ref.cached_s:.4g} s in the profile: the host is {abs(drift - 1):.1%} {how}, {verdict}")
+    p, ref, d = check.reference.probe, check.reference, dr.drift
+    how = "slower" if d.value > 1 else "faster"
+    if dr.action == REPROFILED:
+        verdict = (f"beyond {budget.drift_reprofile:.0%}: bucket(s) {', '.join(map(str, sorted(dr.profiles)))} were "
+                   f"profiled again ({dr.reprofile_s:.3g} hardware-s; the cache keeps its profiles) and the "
+                   f"prediction from them is the drift-corrected one")
+    elif dr.action == RESCALED:
+        verdict = "beyond its noise and the tolerance: predictions times it are the drift-corrected ones"
+    elif d.significant(budget.drift_tolerance):
+        verdict = "beyond its noise and the tolerance, but queueing does not scale with it: read it beside the error"
+    else:
+        verdict = f"within its noise or the {budget.drift_tolerance:.0%} tolerance: read the prediction as is"
+    line = (f"host_drift: {d.value:.3f} +- {d.err:.3f} -- the reference probe (bucket {p.bucket}, {p.input_len} in, "
+            f"{p.output_len} out; run before and after the workload) took {d.value * ref.cached_s:.4g} s now, "
+            f"{ref.cached_s:.4g} s in the profile: the host is {abs(d.value - 1):.1%} {how}, {verdict}")
+    return line + (f" ({dr.note})" if dr.note else "")

@@ -6,14 +6,17 @@ one of them traded for the least certain prediction near the knee
 continuous serving, released at the same arrival times as predicted), after a warm-up run
 that compiles its graphs (both count as hardware seconds). Around the workload (half its
 repeats before, half after) the task runs one reference probe of the unit again
-(``lens.drift``): ``host_drift`` says how much slower (> 1) or faster the host was over the
-run than when it profiled. A confirmation disagreeing by more than ``budget.tolerance`` on
-any of ``CONFIRM_METRICS`` is flagged -- judged on the prediction re-scaled by the drift
-when the drift is over ``budget.drift_tolerance`` and beyond twice its own noise
-(``drift_action = "rescaled"``, ``lens.drift.Drift``), since a slower host is not a model
-error; both errors are kept. Under continuous serving the drift is recorded but never
-re-scales the prediction: below saturation the throughput is the offered rate whatever the
-host's speed, and queueing is not proportional to it. A failed one (an error, or past
+(``search.drift_check``): ``host_drift`` says how much slower (> 1) or faster the host was
+over the run than when it profiled. A confirmation disagreeing by more than
+``budget.tolerance`` on any of ``CONFIRM_METRICS`` is flagged. A slower host is not a model
+error: when the drift is over ``budget.drift_tolerance`` and beyond twice its own noise
+(``lens.drift.action``), the confirmation is judged on a corrected prediction instead, and
+says which: past ``budget.drift_reprofile`` the buckets the requests use were profiled again
+in the same task and the candidate is predicted from them (``drift_action =
+"reprofiled"``); below it, the prediction is re-scaled by the drift (``"rescaled"``). Both
+errors are kept. Under continuous serving a drift is never re-scaled (below saturation the
+throughput is the offered rate whatever the host's speed, and queueing is not
+proportional to it), only re-profiled. A failed one (an error, or past
 ``budget.confirm_timeout_s``) is recorded with its error.
 """
 from __future__ import annotations
@@ -24,14 +27,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from lens.drift import NO_ACTION, REPROFILED, RESCALED
 from lens.drift import corrected as drift_corrected
-from lens.drift import drift_of, reference_probe
 from lens.metrics import summarize
 from lens.serving_metrics import RequestSLO, summarize_serving
 from lens.types import BucketProfile, Candidate, Requests
 from spaces import Space
 
-from .evaluate import Evaluation
+from .drift_check import DriftCheck, DriftOutcome
+from .evaluate import Evaluation, Evaluator
 from .progress import bar
 from .selection import confirm_pick, distinct
 
@@ -58,17 +62,24 @@ class Confirmation:
     error: str | None = None
     #: the reference probe's time now over its time in the profile (None: no reference was run)
     host_drift: float | None = None
-    #: what was done about the drift before judging: "none", "rescaled" (or "no reference")
+    #: what was done about the drift before judging: "none", "rescaled", "reprofiled" (or "no reference")
     drift_action: str = "none"
-    #: the same mean error with the prediction re-scaled by ``host_drift``
+    #: the same mean error with the prediction corrected for the drift: re-profiled, or re-scaled by ``host_drift``
     e2e_request_mape_corrected_pct: float | None = None
     #: the drift's own noise (one standard error, ``lens.drift.Drift``)
     host_drift_err: float | None = None
+    #: metric -> value predicted from the buckets profiled again during the confirmation (drift_action "reprofiled")
+    reprofiled: Mapping[str, float] = field(default_factory=dict)
+    #: why a re-profile that was due did not take place ("" when none failed)
+    drift_note: str = ""
 
     def error_pct(self, metric: str, *, corrected: bool = False) -> float:
-        """The prediction's error on ``metric`` in percent; ``corrected``: re-scaled by the host's drift first."""
+        """The prediction's error on ``metric`` in percent; ``corrected``: the prediction corrected for the
+        host's drift first (predicted again from the re-profiled buckets, or re-scaled by the drift)."""
         p, q = self.predicted[metric], self.measured[metric]
-        if corrected and self.host_drift:
+        if corrected and metric in self.reprofiled:
+            p = self.reprofiled[metric]
+        elif corrected and self.host_drift:
             p = drift_corrected(metric, p, self.host_drift)
         return (p - q) / q * 100 if q else float("nan")
 
@@ -78,7 +89,8 @@ class Confirmation:
              "e2e_request_mape_pct": self.e2e_request_mape_pct, "error": self.error,
              "host_drift": self.host_drift, "drift_action": self.drift_action,
              "e2e_request_mape_corrected_pct": self.e2e_request_mape_corrected_pct,
-             "host_drift_err": self.host_drift_err}
+             "host_drift_err": self.host_drift_err, "reprofiled": dict(self.reprofiled) or None,
+             "drift_note": self.drift_note or None}
         return {k: v for k, v in d.items() if v is not None}
 
     @classmethod
@@ -91,7 +103,9 @@ class Confirmation:
                    e2e_request_mape_pct=d.get("e2e_request_mape_pct"), error=d.get("error"),
                    host_drift=d.get("host_drift"), drift_action=d.get("drift_action", "none"),
                    e2e_request_mape_corrected_pct=d.get("e2e_request_mape_corrected_pct"),
-                   host_drift_err=d.get("host_drift_err"))
+                   host_drift_err=d.get("host_drift_err"),
+                   reprofiled={k: nan if v is None else float(v) for k, v in (d.get("reprofiled") or {}).items()},
+                   drift_note=d.get("drift_note") or "")
 
 
 def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests: Requests, dispatcher: "Dispatcher",
@@ -102,7 +116,8 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
     Near-duplicate points (``selection.near_duplicates``) are not picked: only what a person
     reads of the front is confirmed. Each evaluation must carry its prediction (the
     per-request E2E compared). ``profiles`` (unit -> bucket -> profile) give each
-    candidate's reference probe for the drift check. Stops early once ``budget.confirm_s``
+    candidate's reference probe for the drift check, and with the re-profiled buckets the
+    corrected prediction of a large drift. Stops early once ``budget.confirm_s``
     hardware seconds are spent; ``ledger`` counts tasks and seconds. The confirmations are
     returned in the front's order.
     """
@@ -111,10 +126,9 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
     shown = distinct(front, space)  # a near-duplicate row is neither shown nor confirmed
     picks = [shown[i] for i in confirm_pick(shown, k, space)]
     by_cand = {e.candidate: e for e in picks}
-    refs = {e.candidate: reference_probe((profiles or {}).get((e.candidate.tp, e.candidate.batch), {}),
-                                         requests.input_len, e.candidate.ctx_buckets,
-                                         policy=space.target.bucket_policy, repeats=space.profile.repeats)
-            for e in picks}
+    profiles = profiles or {}
+    checks = {e.candidate: DriftCheck.of(space, e.candidate, requests, profiles.get((e.candidate.tp, e.candidate.batch), {}))
+              for e in picks}
     cap = space.budget.confirm_s
     continuous = space.target.serving == "continuous"
     # the sustainable rate is a bisection over many runs: confirmation measures at the workload's own rate
@@ -123,8 +137,7 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
     out: list[Confirmation] = []
     log(f"confirming {len(picks)} candidate(s) on the hardware with the {len(requests)}-request workload")
     shown = bar(len(picks), "confirming", progress)
-    probes = {c: (r.probe if r else None) for c, r in refs.items()}
-    for done in dispatcher.confirm(space.target, [e.candidate for e in picks], requests, probes,
+    for done in dispatcher.confirm(space.target, [e.candidate for e in picks], requests, checks,
                                    timeout_s=space.budget.confirm_timeout_s):
         ledger.confirm_tasks += 1
         c, ev = done.key, by_cand[done.key]
@@ -132,30 +145,22 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
             out.append(Confirmation(c, flagged=True, error=done.error))
         else:
             run = done.value
-            wr = run.workload
-            ledger.confirm_hardware_s += wr.compile_s + wr.run_s + run.reference_hardware_s
+            wr, dr = run.workload, run.drift
+            ledger.confirm_hardware_s += wr.compile_s + wr.run_s + (dr.hardware_s if dr else 0.0)
             if continuous:
                 meas = summarize_serving(requests, ttft_s=wr.ttft_s, e2e_s=wr.e2e_s, total_s=wr.total_s, chips=c.tp,
                                          slo=RequestSLO.from_constraints(dict(space.slo)))
             else:
                 meas = summarize(requests, ttft_s=wr.ttft_s, e2e_s=wr.e2e_s, total_s=wr.total_s, chips=c.tp)
-            dr = drift_of(refs[c], run.reference_s) if refs[c] and run.reference_s else None
-            drift = None if dr is None else dr.value
-            per_req = np.abs(ev.prediction.e2e_s - wr.e2e_s) / wr.e2e_s
-            fixed = None if drift is None or continuous else float(
-                (np.abs(ev.prediction.e2e_s * drift - wr.e2e_s) / wr.e2e_s).mean() * 100)
-            action = "no reference" if drift is None else (
-                "rescaled" if dr.significant(space.budget.drift_tolerance) and not continuous else "none")
             conf = Confirmation(c, flagged=False, simulated=wr.simulated, predicted={m: ev.metrics[m] for m in metrics},
-                                measured={m: meas[m] for m in metrics}, e2e_request_mape_pct=float(per_req.mean() * 100),
-                                host_drift=drift, drift_action=action, e2e_request_mape_corrected_pct=fixed,
-                                host_drift_err=None if dr is None else dr.err)
+                                measured={m: meas[m] for m in metrics},
+                                e2e_request_mape_pct=_mape(ev.prediction.e2e_s, wr.e2e_s),
+                                **_drift_fields(dr, ev, space, requests, profiles, metrics, wr.e2e_s, continuous))
             tol = space.budget.tolerance * 100  # (a NaN error, e.g. no TPOT of one-token outputs, flags nothing)
-            judged = action == "rescaled"
+            judged = conf.drift_action in (RESCALED, REPROFILED)
             flagged = any(abs(conf.error_pct(m, corrected=judged)) > tol for m in CONFIRM_METRICS)
             if judged:
-                log(f"  {c.label()}: host_drift {drift:.3f} (the reference probe of bucket {refs[c].probe.bucket} took "
-                    f"{drift:.3f}x its profiled time); the prediction was re-scaled by it before it was judged")
+                log(f"  {c.label()}: {_drift_said(dr, checks[c])}")
             out.append(dataclasses.replace(conf, flagged=flagged))
         shown.update(1)
         if cap is not None and ledger.confirm_hardware_s >= cap:
@@ -164,3 +169,42 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
     shown.close()
     order = {e.candidate: i for i, e in enumerate(picks)}  # front order, not the order the tasks ended in
     return sorted(out, key=lambda c: order[c.candidate])
+
+
+def _mape(predicted_e2e: np.ndarray, measured_e2e: np.ndarray) -> float:
+    """Mean over the requests of |predicted - measured| / measured E2E, in percent."""
+    return float((np.abs(predicted_e2e - measured_e2e) / measured_e2e).mean() * 100)
+
+
+def _drift_fields(dr: DriftOutcome | None, ev: Evaluation, space: Space, requests: Requests,
+                  profiles: Mapping[tuple[int, int], Mapping[int, BucketProfile]], metrics: Sequence[str],
+                  measured_e2e: np.ndarray, continuous: bool) -> dict[str, Any]:
+    """A confirmation's drift, what was done about it, and the prediction's error once corrected for it."""
+    if dr is None:
+        return {"drift_action": "no reference"}
+    c = ev.candidate
+    out: dict[str, Any] = {"host_drift": dr.drift.value, "host_drift_err": dr.drift.err, "drift_action": dr.action,
+                           "drift_note": dr.note}
+    if dr.action == REPROFILED:  # the candidate predicted again from the buckets just measured
+        fresh = Evaluator(space, requests)
+        fresh.set_measured((c.tp, c.batch), {**profiles.get((c.tp, c.batch), {}), **dr.profiles})
+        again = fresh.evaluate(c, with_prediction=True)
+        if again.prediction is not None:
+            out["reprofiled"] = {m: again.metrics[m] for m in metrics}
+            out["e2e_request_mape_corrected_pct"] = _mape(again.prediction.e2e_s, measured_e2e)
+            return out
+        out["drift_note"] = f"the re-profiled buckets give no prediction ({again.infeasible or 'profiles missing'})"
+        out["drift_action"] = RESCALED if not continuous else NO_ACTION
+    if not continuous:
+        out["e2e_request_mape_corrected_pct"] = _mape(ev.prediction.e2e_s * dr.drift.value, measured_e2e)
+    return out
+
+
+def _drift_said(dr: DriftOutcome, check: DriftCheck) -> str:
+    """The log line of a drift that changed how a confirmation was judged."""
+    ref = f"host_drift {dr.drift.value:.3f} (the reference probe of bucket {check.reference.probe.bucket} took " \
+          f"{dr.drift.value:.3f}x its profiled time)"
+    if dr.action == REPROFILED:
+        return (f"{ref}; bucket(s) {', '.join(map(str, sorted(dr.profiles)))} were profiled again "
+                f"({dr.reprofile_s:.1f} hardware-s, not stored) and the prediction from them was judged")
+    return f"{ref}; the prediction was re-scaled by it before it was judged" + (f" ({dr.note})" if dr.note else "")

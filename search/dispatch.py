@@ -27,12 +27,15 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from lens.errors import UnitCannotRun, UserError, one_line
 from lens.probes import NoisyMeasurement
-from lens.types import Candidate, Probe, Requests, Target
+from lens.types import Candidate, Requests, Target
 from spaces import ProfileSettings
+
+if TYPE_CHECKING:
+    from .drift_check import DriftCheck, DriftOutcome
 
 #: resources Ray names as arguments rather than in ``resources``
 _BUILTIN = {"CPU": "num_cpus", "GPU": "num_gpus"}
@@ -74,42 +77,34 @@ def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, pro
 
 @dataclass(frozen=True)
 class ConfirmRun:
-    """What a confirmation task measured: the workload, and the reference probe run just before it."""
+    """What a confirmation task measured: the workload, and the host-drift check around it."""
 
     workload: Any
-    #: the reference probe's times now (None when there was none to run), and the seconds it took
-    reference_s: tuple[float, ...] | None = None
-    reference_hardware_s: float = 0.0
+    #: the reference probe's runs, the drift and what was done about it (None: no reference to run)
+    drift: "DriftOutcome | None" = None
 
 
-def _confirm_task(target: Target, candidate: Candidate, requests: Requests, reference: Probe | None = None):
+def _confirm_task(target: Target, candidate: Candidate, requests: Requests, check: "DriftCheck | None" = None):
     import dataclasses
 
-    from lens.drift import halves
     from lens.types import Unit
     from runners import get_runner
+    from search.drift_check import bracketed
 
     yield _started()
     try:
         runner = get_runner(target)
         runner.check_mode(target.serving, requests)  # before compiling anything
         warm = runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
-        times, hw = None, 0.0
-        unit = Unit(target, candidate.tp, candidate.batch)
-        if reference is not None:  # how fast the host is now: before the workload, and after it (lens.drift)
-            first, second = halves(reference)
-            res = runner.profile(unit, [first])
-            times, hw = tuple(res.runs[0].times_s), res.compile_s + res.run_s
-        run = runner.run_workload(candidate, requests, mode=target.serving)  # the same arrivals as predicted
-        if reference is not None:
-            res = runner.profile(unit, [second])
-            times, hw = times + tuple(res.runs[0].times_s), hw + res.compile_s + res.run_s
+        # the same arrivals as predicted, between the halves of the reference probe (search.drift_check)
+        run, drift = bracketed(runner, Unit(target, candidate.tp, candidate.batch), check,
+                               lambda: runner.run_workload(candidate, requests, mode=target.serving))
     except _PERMANENT as exc:
         yield _Permanent.of(exc)
         return
     # the warm-up compiled every graph: its seconds are hardware seconds of the confirmation too
     run = dataclasses.replace(run, compile_s=warm.compile_s + run.compile_s, run_s=warm.run_s + run.run_s)
-    yield ConfirmRun(run, times, hw)
+    yield ConfirmRun(run, drift)
 
 
 @dataclass(frozen=True)
@@ -376,13 +371,13 @@ class Dispatcher:
                          tick_s=tick_s)
 
     def confirm(self, target: Target, candidates: Sequence[Candidate], requests: Requests,
-                references: Mapping[Candidate, Probe | None] | None = None, *,
+                checks: "Mapping[Candidate, DriftCheck | None] | None" = None, *,
                 timeout_s: float | None = None) -> Iterator[TaskOutcome]:
-        """One task per candidate: a warm-up run that compiles its graphs, its reference probe
-        (``references``, if any), then the workload.
+        """One task per candidate: a warm-up run that compiles its graphs, then the workload
+        between the halves of its reference probe (``checks``, if any: ``search.drift_check``).
 
         ``timeout_s`` (``budget.confirm_timeout_s``): most seconds a task may run from its start.
         """
-        refs = references or {}
-        jobs = [(c, c.tp, (target, c, requests, refs.get(c))) for c in candidates]
+        checks = checks or {}
+        jobs = [(c, c.tp, (target, c, requests, checks.get(c))) for c in candidates]
         return self._run(_confirm_task, jobs, timeout_s=timeout_s, timeout_key="budget.confirm_timeout_s")

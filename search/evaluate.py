@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from lens.arrivals import mean_rate
-from lens.buckets import bucket_ranges, select_index
+from lens.buckets import decode_contexts, used_buckets
 from lens.capacity import max_sustainable_rate
 from lens.compose import Prediction, UnitTable, predict
 from lens.errors import LensoptError
@@ -87,10 +87,7 @@ class Evaluator:
         self._memo: dict[Candidate, Evaluation] = {}
         self._memo_bytes = 0
         self._used: dict[tuple, frozenset[int]] = {}
-        dec = requests.output_len > 1
-        # decode contexts of this workload lie in [shortest prompt + 1, longest prompt + output - 1]
-        self._contexts = ((int(requests.input_len[dec].min()) + 1, int((requests.input_len + requests.output_len - 1)[dec].max()))
-                          if dec.any() else None)
+        self._contexts = decode_contexts(requests.input_len, requests.output_len)
         self.continuous = space.target.serving == "continuous"
         if self.continuous:
             if requests.arrival_s is None:
@@ -129,13 +126,8 @@ class Evaluator:
         """
         key = (c.ctx_buckets, c.tkg_buckets)
         if key not in self._used:
-            policy = self.space.target.bucket_policy
-            ctx = np.asarray(c.ctx_buckets)
-            used = set(ctx[np.unique(select_index(self.requests.input_len, ctx, policy))].tolist())
-            if self._contexts is not None:
-                lo, hi = bucket_ranges(c.tkg_buckets, policy)
-                used |= {b for b, a, z in zip(c.tkg_buckets, lo, hi) if a <= self._contexts[1] and z >= self._contexts[0]}
-            self._used[key] = frozenset(int(b) for b in used)
+            self._used[key] = used_buckets(c.ctx_buckets, c.tkg_buckets, self.requests.input_len,
+                                           policy=self.space.target.bucket_policy, contexts=self._contexts)
         return self._used[key]
 
     def fits_memory(self, tp: int, batch: int, bucket: int) -> bool:

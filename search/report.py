@@ -132,9 +132,13 @@ def confirm_md(confirm: pd.DataFrame) -> str:
         if drifted:
             row += [fmt.sig(r.get("host_drift")), f"{fmt.sig(r.get('e2e_request_mape_drift_corrected_%'))}%"]
         verdict = "**flagged**" if r["flagged"] else "ok"
-        row += [verdict + (", re-scaled for drift" if r.get("drift_action") == "rescaled" else "")]
+        row += [verdict + _DRIFT_VERDICT.get(r.get("drift_action"), "")]
         rows.append(row)
     return md_table(header, rows)
+
+
+#: how a confirmation's verdict reads when the host's drift changed what was judged (lens.drift.action)
+_DRIFT_VERDICT = {"rescaled": ", re-scaled for drift", "reprofiled": ", re-profiled for drift"}
 
 
 def _pm(value: float, err: float) -> str:
@@ -339,8 +343,10 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
         if len(drift):
             lines += [f"Host drift: a reference probe run just before each confirmation took "
                       f"{', '.join(fmt.sig(d) for d in drift)} times its time in the profile. Each error is given "
-                      f"as is and drift-corrected (the prediction re-scaled by the drift); past "
-                      f"{fmt.share(space.budget.drift_tolerance)} of drift the corrected one is judged (re-scaled).\n"]
+                      f"as is and drift-corrected; past {fmt.share(space.budget.drift_tolerance)} of drift (and "
+                      f"beyond its own noise) the corrected one is judged: the prediction re-scaled by the drift, or "
+                      f"past {fmt.share(space.budget.drift_reprofile)} predicted again from the buckets profiled "
+                      f"again during the confirmation.\n"]
         lines += [confirm_md(confirm)]
     if "staircase.png" in pngs:
         lines += ["## Per-bucket staircase of the chosen unit" + (" (estimated)" if estimate_only else "") + "\n",

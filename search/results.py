@@ -185,6 +185,8 @@ def confirm_table(confirmed: Sequence[Confirmation]) -> pd.DataFrame:
                         "host_drift_err": c.host_drift_err,
                         "drift_action": c.drift_action,
                         "e2e_request_mape_drift_corrected_%": c.e2e_request_mape_corrected_pct})
+            if c.drift_note:
+                row["drift_note"] = c.drift_note
             if c.host_drift and c.e2e_request_mape_corrected_pct is not None:  # None: no linear correction (serving)
                 for m in c.predicted:
                     row[f"{m}_err_drift_corrected_%"] = c.error_pct(m, corrected=True)

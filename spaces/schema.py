@@ -133,6 +133,12 @@ class Budget:
                                      help="host drift (a reference probe now vs in the profile) beyond which, and "
                                           "beyond twice its own noise, a confirmation's prediction is re-scaled by "
                                           "it before it is judged")
+    drift_reprofile: float = setting(0.10, float, min=0, below=10, hint="a fraction such as 0.1",
+                                     help="host drift beyond which (and beyond drift_tolerance) the buckets the "
+                                          "requests use are profiled again before a measurement or confirmation is "
+                                          "judged, instead of re-scaling the prediction (0: at any drift worth "
+                                          "correcting); the default is the confirmation tolerance, since a drift "
+                                          "that large would decide the verdict by itself")
 
 
 @dataclass(frozen=True)

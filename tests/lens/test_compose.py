@@ -256,3 +256,15 @@ def test_ten_thousand_requests_vectorised():
     p = predict(table(batch=8), Requests(lin, lout))
     assert p.e2e_s.shape == (10_000,)
     assert np.all(p.e2e_s >= p.ttft_s)
+
+
+def test_used_buckets_are_the_prompts_buckets_and_the_decode_contexts_ranges():
+    from lens.buckets import decode_contexts, used_buckets
+
+    ins, outs = [10, 70], [5, 1]  # decode contexts 11..14 (the second request emits one token: no decode)
+    ctx = decode_contexts(ins, outs)
+    assert ctx == (11, 14)
+    assert used_buckets((64, 128, 256), (64, 128, 256), ins, policy="inclusive", contexts=ctx) == {64, 128}
+    assert used_buckets((64, 128, 256), (32, 64, 128), ins, policy="exclusive", contexts=ctx) == {32, 64, 128}
+    assert decode_contexts([5], [1]) is None
+    assert used_buckets((64, 128), (64, 128), [5], policy="inclusive", contexts=None) == {64}

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lens.drift import Drift, Reference, drift_of, halves
+from lens.drift import Drift, Reference, action, drift_of, halves
 from lens.types import Probe
 
 
@@ -45,3 +45,22 @@ def test_halves_split_the_repeats_before_and_after():
     assert (a.repeats, b.repeats) == (3, 2) and a.output_len == b.output_len == 40
     a, b = halves(Probe(64, 1, 40, 1))
     assert (a.repeats, b.repeats) == (1, 1)
+
+
+@pytest.mark.parametrize("drift, err, rescalable, expected", [
+    (1.03, 0.005, True, "none"),        # inside the tolerance
+    (1.08, 0.05, True, "none"),         # inside twice its own noise
+    (1.08, 0.005, True, "rescaled"),    # counts, under drift_reprofile
+    (0.93, 0.005, True, "rescaled"),    # a faster host too
+    (1.08, 0.005, False, "none"),       # counts, but queueing does not re-scale
+    (1.25, 0.005, True, "reprofiled"),  # past drift_reprofile
+    (0.80, 0.005, False, "reprofiled"),  # re-profiling applies under continuous serving too
+    (1.25, 0.20, True, "none"),         # a large shift inside its noise is still noise
+])
+def test_what_is_done_about_a_drift(drift, err, rescalable, expected):
+    assert action(Drift(drift, err), tolerance=0.05, reprofile_above=0.10, rescalable=rescalable) == expected
+
+
+def test_no_reference_and_reprofile_at_any_drift_that_counts():
+    assert action(None, tolerance=0.05, reprofile_above=0.10) == "no reference"
+    assert action(Drift(1.06, 0.001), tolerance=0.05, reprofile_above=0.0) == "reprofiled"
