@@ -5,12 +5,23 @@ lensopt's profiling (``search.measure.measure_unit``: derived-value judgement, l
 the expected cost of slow calls) and with the profiling from before it
 (``benchmarks/profiling_before.py``: medians of 3, L2 <= 128, raw-spread retries) -- then
 held-out requests of random lengths over every bucket (never a probe) are run as
-``lensopt measure`` runs them (the median of ``--repeats`` runs per request), between the two
-halves of one reference probe that give ``host_drift`` and its noise (``lens.drift``); the
-drift-corrected error re-scales by it only where lensopt would (beyond the tolerance and
-twice its noise). Each unit also times a fixed computation 20 times (``busy.host_jitter``):
-the host's own run-to-run spread, the floor the errors are read against. The error of a request is
-|predicted E2E - measured E2E| / measured E2E.
+``lensopt measure`` runs them (``search.drift_check.checked``: ``--repeats`` passes over the
+requests, the median of each request's runs measured, with rounds of the probes of every
+bucket the requests use before, between and after the passes). The error of a request is
+|predicted E2E - measured E2E| / measured E2E, for four predictions:
+
+- ``before`` / ``now``: from the cached profile of each profiling, as is;
+- ``rescaled``: ``now`` times ``host_drift`` (the reference probe's time in the rounds over
+  its time in the profile) where the drift counts (beyond the tolerance and twice its
+  noise), as ``budget.drift_check = "reference"`` corrects it;
+- ``side``: from the probes run side by side with the passes (``budget.drift_check =
+  "side-by-side"``, the default): the model on the host as it was during the runs, the
+  drift-corrected prediction lensopt judges on.
+
+Beside them, the measurement's own noise: ``median se``, the standard error of each
+request's median over the passes (bootstrapped; a prediction cannot be judged closer than
+that), and ``host jitter``, the run-to-run spread of a fixed computation
+(``busy.host_jitter``).
 
 All of it is done twice: **quiet** (nothing started by this script; other processes of the
 host run as they do) and **loaded** (one busy process, started here before the unit's
@@ -25,10 +36,10 @@ them is a shape the repository's space files use):
 
 each at batch 1 and 4, tp 1 (float32). The profiling cost is in hardware seconds: the
 timed runs of each method (the graphs compile once per unit and serve both; that compile
-time is shown apart).
+time is shown apart), and the side-by-side probes' runs (``check s``).
 
     .venv/bin/python benchmarks/accuracy.py [--quick] [--targets A,B,C] [--batches 1,4]
-                                            [--held-out 12] [--repeats 5] [--csv out.csv]
+                                            [--held-out 8] [--repeats 5] [--csv out.csv]
 
 ``--quick``: targets A and B, 6 held-out batches per unit (about a third of the time).
 """
@@ -50,10 +61,11 @@ if str(ROOT) not in sys.path:
 from benchmarks.busy import host_jitter, load_of  # noqa: E402
 from benchmarks.profiling_before import measure_before  # noqa: E402
 from lens.compose import UnitTable, predict  # noqa: E402
-from lens.drift import drift_of, halves, reference_probe  # noqa: E402
+from lens.noise import spread  # noqa: E402
 from lens.probes import plan_probes  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from runners import get_runner  # noqa: E402
+from search.drift_check import DriftCheck, checked  # noqa: E402
 from search.measure import measure_unit  # noqa: E402
 from spaces import Budget, ProfileSettings  # noqa: E402
 
@@ -102,46 +114,60 @@ def stats(err: np.ndarray) -> dict:
     return {"mean": a.mean(), "p90": np.percentile(a, 90), "max": a.max()}
 
 
+def median_se(e2e_all: np.ndarray, draws: int = 400, seed: int = 0) -> np.ndarray:
+    """Per request, the standard error of the median of its runs (rows: runs), relative to that median."""
+    runs = e2e_all.shape[0]
+    rng = np.random.default_rng(seed)
+    meds = np.median(e2e_all[rng.integers(0, runs, size=(draws, runs))], axis=1)  # (draws, requests)
+    return spread(meds) / np.median(e2e_all, axis=0)
+
+
 def one_unit(runner, case: Case, batch: int, args, log) -> dict:
     target = runner.target
     cand = Candidate(1, batch, case.buckets, case.buckets)
     settings = ProfileSettings()
+    budget = Budget()
     t0 = time.perf_counter()
     now = measure_unit(target, tp=1, batch=batch, buckets=case.buckets, all_buckets=case.buckets, profile=settings,
-                        runner=runner)
+                       runner=runner)
     t_now = time.perf_counter() - t0
     t0 = time.perf_counter()
     before = measure_before(target, tp=1, batch=batch, buckets=case.buckets, runner=runner)
     t_before = time.perf_counter() - t0
     req = held_out(case, args.held_out * batch, seed=100 + batch, batch=batch)
-    ref = reference_probe(now.profiles, req.input_len, case.buckets, policy=case.policy, repeats=settings.repeats)
-    first, second = halves(ref.probe)  # as `lensopt measure` does: the reference before and after the runs
+    unit = Unit(target, 1, batch)
+    check = DriftCheck.build(target, cand, req, now.profiles, budget=budget, profile=settings,
+                             all_buckets=case.buckets)
     runner.run_workload(cand, req.head(batch))  # warm the candidate's graphs
-    before_ref = runner.profile(Unit(target, 1, batch), [first]).runs[0].times_s
-    runs = [runner.run_workload(cand, req) for _ in range(args.repeats)]
-    after_ref = runner.profile(Unit(target, 1, batch), [second]).runs[0].times_s
-    d = drift_of(ref, before_ref + after_ref)
-    drift = d.value
-    # corrected as lensopt acts on it: re-scaled only by a drift beyond the tolerance and its own noise
-    applied = drift if d.significant(Budget().drift_tolerance) else 1.0
+    runs, dr = checked(runner, unit, check, [lambda: runner.run_workload(cand, req)] * args.repeats)
+    d = dr.drift
+    applied = d.value if d.significant(budget.drift_tolerance) else 1.0  # as drift_check = "reference" re-scales
     e2e_all = np.stack([r.e2e_s for r in runs])
     e2e = np.median(e2e_all, axis=0)
     pol = case.policy
-    p_now = predict(UnitTable.build(cand, now.profiles, policy=pol), req).e2e_s
-    p_before = predict(UnitTable.build(cand, before.profiles, policy=pol), req).e2e_s
-    noise = np.median(np.abs(e2e_all - e2e) / e2e)  # how far one run sits from the median: the floor
-    row = {"target": case.name, "policy": pol, "batch": batch, "requests": len(req), "host_drift": drift,
-           "drift +-": d.err, "rescaled": applied != 1.0,
-           "noise floor %": noise * 100, "host jitter %": host_jitter(), "now run s": now.run_s, "before run s": before.run_s,
-           "now wall s": t_now, "before wall s": t_before, "compile s": now.compile_s + before.compile_s,
-           "now attempts": now.attempts, "now not accepted": sum(not p.accepted for p in now.profiles.values())}
-    for name, pred in (("before", p_before), ("now", p_now), ("now corrected", p_now * applied)):
-        s = stats((pred - e2e) / e2e)
-        row.update({f"{name} mean %": s["mean"], f"{name} p90 %": s["p90"], f"{name} max %": s["max"]})
+    pred = {name: predict(UnitTable.build(cand, prof, policy=pol), req).e2e_s
+            for name, prof in (("before", before.profiles), ("now", now.profiles), ("side", dr.profiles))
+            if prof}
+    pred["rescaled"] = pred["now"] * applied
+    noise = np.median(np.abs(e2e_all - e2e) / e2e)  # how far one run sits from the median
+    row = {"target": case.name, "policy": pol, "batch": batch, "requests": len(req), "host_drift": d.value,
+           "drift +-": d.err, "rescaled": applied != 1.0, "median se %": float(np.mean(median_se(e2e_all)) * 100),
+           "run noise %": noise * 100, "host jitter %": host_jitter(), "now run s": now.run_s,
+           "before run s": before.run_s, "check s": dr.hardware_s, "now wall s": t_now, "before wall s": t_before,
+           "compile s": now.compile_s + before.compile_s, "now attempts": now.attempts,
+           "now not accepted": sum(not p.accepted for p in now.profiles.values()),
+           "side note": dr.note}
+    for name in ("before", "now", "rescaled", "side"):
+        if name in pred:
+            s = stats((pred[name] - e2e) / e2e)
+            row.update({f"{name} mean %": s["mean"], f"{name} p90 %": s["p90"], f"{name} max %": s["max"],
+                        f"{name} bias %": float(np.mean((pred[name] - e2e) / e2e) * 100)})
     log(f"    {case.name} ({pol}) batch {batch}: {len(req)} held-out requests; E2E mean error before "
-        f"{row['before mean %']:.1f}%, now {row['now mean %']:.1f}% ({row['now corrected mean %']:.1f}% "
-        f"drift-corrected, host_drift {drift:.3f} +- {d.err:.3f}{'' if applied != 1.0 else ', not applied'}); "
-        f"profiling runs {before.run_s:.1f} s before, {now.run_s:.1f} s now")
+        f"{row['before mean %']:.1f}%, now {row['now mean %']:.1f}% as is, {row['rescaled mean %']:.1f}% re-scaled "
+        f"(host_drift {d.value:.3f} +- {d.err:.3f}{'' if applied != 1.0 else ', not applied'}), "
+        f"{row.get('side mean %', float('nan')):.1f}% side by side; median se {row['median se %']:.1f}%; "
+        f"profiling runs {before.run_s:.1f} s before, {now.run_s:.1f} s now; check {dr.hardware_s:.1f} s"
+        + (f" ({dr.note})" if dr.note else ""))
     return row
 
 
@@ -150,12 +176,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="targets A and B, 6 held-out batches per unit")
     ap.add_argument("--targets", help="comma-separated, of A, B, C (default all; --quick: A,B)")
     ap.add_argument("--batches", default="1,4")
-    ap.add_argument("--held-out", type=int, help="held-out batches per unit (default 12; --quick 6)")
-    ap.add_argument("--repeats", type=int, default=5, help="runs of the held-out requests (their median is measured)")
+    ap.add_argument("--held-out", type=int, help="held-out batches per unit (default 8; --quick 6)")
+    ap.add_argument("--repeats", type=int, default=5, help="passes over the held-out requests (each request's median "
+                                                          "is measured)")
     ap.add_argument("--conditions", default="quiet,loaded")
     ap.add_argument("--csv", help="write the per-unit rows here")
     args = ap.parse_args(argv)
-    args.held_out = args.held_out or (6 if args.quick else 12)
+    args.held_out = args.held_out or (6 if args.quick else 8)
     names = (args.targets or ("A,B" if args.quick else "A,B,C")).split(",")
     batches = [int(b) for b in args.batches.split(",")]
     log = lambda m: print(m, flush=True)  # noqa: E731
@@ -176,25 +203,28 @@ def main(argv=None) -> int:
     df = pd.DataFrame(rows)
     pd.set_option("display.width", 250)
     f2 = lambda x: f"{x:.2f}"  # noqa: E731
-    print("\nPer unit: per-request E2E error (|predicted - measured| / measured), held-out requests")
-    cols = ["condition", "target", "policy", "batch", "requests", "before mean %", "before p90 %", "now mean %",
-            "now p90 %", "host_drift", "drift +-", "rescaled", "now corrected mean %", "now corrected p90 %",
-            "noise floor %", "host jitter %"]
+    print("\nPer unit: per-request E2E error (|predicted - measured| / measured), held-out requests, mean / p90 %")
+    for name in ("before", "now", "rescaled", "side"):
+        df[name] = [f"{m:.1f} / {p:.1f}" for m, p in zip(df[f"{name} mean %"], df[f"{name} p90 %"])]
+    cols = ["condition", "target", "policy", "batch", "requests", "before", "now", "rescaled", "side", "side bias %",
+            "host_drift", "drift +-", "median se %", "run noise %", "host jitter %"]
     print(df[cols].to_string(index=False, float_format=f2))
     print("\nPer condition (mean over units of the per-unit figures):")
-    agg = df.groupby("condition", sort=False)[[c for c in cols[5:] if c != "rescaled"]].mean()
+    num = [f"{n} {k} %" for n in ("before", "now", "rescaled", "side") for k in ("mean", "p90")]
+    agg = df.groupby("condition", sort=False)[num + ["median se %", "run noise %", "host jitter %"]].mean()
     print(agg.to_string(float_format=f2))
     print("\nProfiling cost, hardware seconds of timed runs (the compile is shared and shown apart):")
-    cost = df.groupby("condition", sort=False)[["before run s", "now run s", "compile s"]].sum()
+    cost = df.groupby("condition", sort=False)[["before run s", "now run s", "check s", "compile s"]].sum()
     cost["now / before"] = cost["now run s"] / cost["before run s"]
     print(cost.to_string(float_format=f2))
-    print(f"\n'before': profiling as it was (medians of 3 repeats, L2 <= 128); 'now': lensopt's profiling now; "
-          f"'corrected': the prediction times host_drift (a reference probe before and after the held-out runs, over "
-          f"its time in the profile) where the drift is beyond {Budget().drift_tolerance:.0%} and twice its noise "
-          f"('rescaled'), else as is. Noise floor: the median deviation of one held-out run from the median of "
-          f"{args.repeats}. Host jitter: the run-to-run robust spread (1 sigma, % of the median) of a fixed 40 ms computation, "
-          f"in the same condition. Real execution on {runners[names[0]].versions().get('cpu', 'this CPU')}; "
-          f"{time.perf_counter() - t_start:.0f} s wall.")
+    print(f"\n'before': profiling as it was (medians of 3 repeats, L2 <= 128); 'now': lensopt's profiling now, as "
+          f"is; 'rescaled': 'now' times host_drift where the drift is beyond {Budget().drift_tolerance:.0%} and "
+          f"twice its noise; 'side': predicted from the probes run side by side with the passes (lensopt's "
+          f"drift-corrected prediction). Median se: the standard error of each request's median over "
+          f"{args.repeats} passes (the measurement's own noise); run noise: the median deviation of one pass from "
+          f"that median. Host jitter: the run-to-run robust spread (1 sigma, % of the median) of a fixed 40 ms "
+          f"computation, in the same condition. Real execution on "
+          f"{runners[names[0]].versions().get('cpu', 'this CPU')}; {time.perf_counter() - t_start:.0f} s wall.")
     if args.csv:
         df.to_csv(args.csv, index=False)
         print(f"per-unit rows written to {args.csv}")

@@ -7,11 +7,13 @@ throughput and p50/p90 of TTFT, TPOT and E2E: the measured median over the repea
 spread ((max - min) / median), and the prediction's error against the median.
 
 A host that is busier (or quieter) when it serves than when it profiled is drift, not a
-model error (``lens.drift``): before each rate's runs the unit's reference probe is run
-again, and ``drift`` is its time now over its time in the profile. The ``corr`` column is
-the error of the same machine predicted on the profiles times that drift (the queueing
-responds to the slower host through the machine, not linearly). Both errors are printed;
-the summary lines count the uncorrected one.
+model error (``lens.drift``): each rate's repeats run as a confirmation runs them
+(``search.drift_check.checked``, ``budget.drift_check = "side-by-side"``), with rounds of
+the probes of every bucket the requests use before, between and after them; ``drift`` is
+the reference probe's time in the rounds over its time in the profile. The ``corr``
+column is the error of the same machine predicted from those side-by-side profiles (the
+queueing responds to the host's speed through the machine, not linearly), the
+drift-corrected prediction a confirmation is judged on. Both errors are printed.
 
 Rates are fractions of the unit's predicted saturation rate (every request arriving at
 once): light (0.15), about half (0.5) and near the knee (0.8), where queueing starts to
@@ -48,13 +50,14 @@ from lens import arrivals  # noqa: E402
 from lens.capacity import saturation_rate  # noqa: E402
 from lens.compose import UnitTable  # noqa: E402
 from lens.distributions import sample  # noqa: E402
-from lens.drift import host_drift, reference_probe  # noqa: E402
 from lens.probes import plan_probes, solve  # noqa: E402
 from lens.serving import Scheduler, predict_serving  # noqa: E402
 from lens.serving_metrics import summarize_serving, summarize_serving_prediction  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
+from search.drift_check import DriftCheck, checked  # noqa: E402
+from spaces import Budget, ProfileSettings  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 METRICS = ("request_throughput_req_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s",
@@ -148,22 +151,25 @@ def measure(args, runner, target, buckets, loads, fracs, sched) -> list[dict]:
         profiles = solve(res.runs, batch=batch, simulated=res.simulated)
         cand = Candidate(tp, batch, buckets, buckets)
         table = UnitTable.build(cand, profiles, policy=target.bucket_policy)
+        serving = dataclasses.replace(target, serving="continuous")
+        settings = ProfileSettings(repeats=args.profile_repeats)
         for wname, (req, unit_arr) in loads.items():
             sat = saturation_rate(table, req, scheduler=sched)
-            ref = reference_probe(profiles, req.input_len, buckets, policy=target.bucket_policy,
-                                  repeats=args.profile_repeats)
             for frac in fracs:
                 rate = frac * sat
                 timed = Requests(req.input_len, req.output_len, unit_arr / rate, req.name)
                 pred = summarize_serving_prediction(timed, predict_serving(table, timed, scheduler=sched), chips=tp)
-                drift = host_drift(ref, runner.profile(Unit(target, tp, batch), [ref.probe]).runs[0].times_s)
-                slower = dataclasses.replace(table, ttft_s=table.ttft_s * drift, tbt_s=table.tbt_s * drift)
-                corr = summarize_serving_prediction(timed, predict_serving(slower, timed, scheduler=sched), chips=tp)
-                meas = []
-                for _ in range(args.repeats):
-                    run = runner.run_workload(cand, timed, mode="continuous")
-                    meas.append(summarize_serving(timed, ttft_s=run.ttft_s, e2e_s=run.e2e_s, total_s=run.total_s,
-                                                  chips=tp))
+                # as a confirmation does it (search.drift_check, budget.drift_check = "side-by-side"): the
+                # probes of the buckets the requests use in rounds around and between the repeats
+                check = DriftCheck.build(serving, cand, timed, profiles, budget=Budget(), profile=settings,
+                                         all_buckets=buckets)
+                runs, dr = checked(runner, Unit(serving, tp, batch), check,
+                                   [lambda: runner.run_workload(cand, timed, mode="continuous")] * args.repeats)
+                drift = dr.drift.value
+                side = UnitTable.build(cand, {**profiles, **dr.profiles}, policy=target.bucket_policy)
+                corr = summarize_serving_prediction(timed, predict_serving(side, timed, scheduler=sched), chips=tp)
+                meas = [summarize_serving(timed, ttft_s=run.ttft_s, e2e_s=run.e2e_s, total_s=run.total_s, chips=tp)
+                        for run in runs]
                 for m in METRICS:
                     vals = [x[m] for x in meas]
                     med = statistics.median(vals)

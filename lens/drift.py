@@ -107,6 +107,10 @@ def drift_of(ref: Reference, times_s: Sequence[float], *, draws: int = DRAWS, se
 
 #: what a measurement did about the host's drift before it was judged
 NO_REFERENCE, NO_ACTION, RESCALED, REPROFILED = "no reference", "none", "rescaled", "reprofiled"
+#: how a measurement checks the drift (``budget.drift_check``): the probes of every bucket the
+#: requests use in rounds between and around the runs, or the reference probe alone before and after
+SIDE_BY_SIDE, REFERENCE_ONLY = "side-by-side", "reference"
+DRIFT_CHECKS = (SIDE_BY_SIDE, REFERENCE_ONLY)
 
 
 def action(d: Drift | None, *, tolerance: float, reprofile_above: float, rescalable: bool = True) -> str:

@@ -4,17 +4,19 @@ The picks are spread along the front (both ends included; near-duplicate points 
 one of them traded for the least certain prediction near the knee
 (``selection.confirm_pick``); each runs the whole workload sample as one Ray task (under
 continuous serving, released at the same arrival times as predicted), after a warm-up run
-that compiles its graphs (both count as hardware seconds). Around the workload (half its
-repeats before, half after) the task runs one reference probe of the unit again
-(``search.drift_check``): ``host_drift`` says how much slower (> 1) or faster the host was
-over the run than when it profiled. A confirmation disagreeing by more than
-``budget.tolerance`` on any of ``CONFIRM_METRICS`` is flagged. A slower host is not a model
-error: when the drift is over ``budget.drift_tolerance`` and beyond twice its own noise
-(``lens.drift.action``), the confirmation is judged on a corrected prediction instead, and
-says which: past ``budget.drift_reprofile`` the buckets the requests use were profiled again
-in the same task and the candidate is predicted from them (``drift_action =
-"reprofiled"``); below it, the prediction is re-scaled by the drift (``"rescaled"``). Both
-errors are kept. Under continuous serving a drift is never re-scaled (below saturation the
+that compiles its graphs (both count as hardware seconds). Around the workload the task
+runs probes of the unit again (``search.drift_check``): ``host_drift`` says how much slower
+(> 1) or faster the host was over the run than when it profiled, from its reference probe.
+A confirmation disagreeing by more than ``budget.tolerance`` on any of ``CONFIRM_METRICS`` is
+flagged. A slower host is not a model error. Under ``budget.drift_check = "side-by-side"``
+(the default) the probes of every bucket the requests use run before and after the
+workload, and the confirmation is judged on the prediction from them: the model on the host
+as it was during the run (``drift_action = "reprofiled"``). Under ``"reference"`` only the
+reference probe runs; when its drift is over ``budget.drift_tolerance`` and beyond twice
+its own noise (``lens.drift.action``), the confirmation is judged on a corrected prediction
+instead: past ``budget.drift_reprofile`` predicted from the buckets profiled again in the
+same task (``"reprofiled"``), below it re-scaled by the drift (``"rescaled"``). Both errors
+are kept. Under continuous serving a drift is never re-scaled (below saturation the
 throughput is the offered rate whatever the host's speed, and queueing is not
 proportional to it), only re-profiled. A failed one (an error, or past
 ``budget.confirm_timeout_s``) is recorded with its error.
@@ -205,6 +207,7 @@ def _drift_said(dr: DriftOutcome, check: DriftCheck) -> str:
     ref = f"host_drift {dr.drift.value:.3f} (the reference probe of bucket {check.reference.probe.bucket} took " \
           f"{dr.drift.value:.3f}x its profiled time)"
     if dr.action == REPROFILED:
-        return (f"{ref}; bucket(s) {', '.join(map(str, sorted(dr.profiles)))} were profiled again "
+        how = "profiled side by side with the run" if dr.side_by_side else "profiled again"
+        return (f"{ref}; bucket(s) {', '.join(map(str, sorted(dr.profiles)))} were {how} "
                 f"({dr.reprofile_s:.1f} hardware-s, not stored) and the prediction from them was judged")
     return f"{ref}; the prediction was re-scaled by it before it was judged" + (f" ({dr.note})" if dr.note else "")

@@ -89,16 +89,17 @@ def _confirm_task(target: Target, candidate: Candidate, requests: Requests, chec
 
     from lens.types import Unit
     from runners import get_runner
-    from search.drift_check import bracketed
+    from search.drift_check import checked
 
     yield _started()
     try:
         runner = get_runner(target)
         runner.check_mode(target.serving, requests)  # before compiling anything
         warm = runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
-        # the same arrivals as predicted, between the halves of the reference probe (search.drift_check)
-        run, drift = bracketed(runner, Unit(target, candidate.tp, candidate.batch), check,
-                               lambda: runner.run_workload(candidate, requests, mode=target.serving))
+        # the same arrivals as predicted, between rounds of the drift check's probes (search.drift_check)
+        runs, drift = checked(runner, Unit(target, candidate.tp, candidate.batch), check,
+                              [lambda: runner.run_workload(candidate, requests, mode=target.serving)])
+        run = runs[0]
     except _PERMANENT as exc:
         yield _Permanent.of(exc)
         return

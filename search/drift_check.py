@@ -1,26 +1,43 @@
-"""The host-drift check around a measurement: the reference probe on both sides, and what is done about it.
+"""The host-drift check around a measurement: probes in rounds around the work, and what is done about it.
 
 ``lensopt measure`` and each confirmation task run the same steps where the hardware is
-(``bracketed``): half the reference probe's repeats before the work, the work, the other
-half after it (``lens.drift``); then, when the drift is beyond ``budget.drift_reprofile``
-(``lens.drift.action``), the buckets the requests use are profiled again on the spot, with
-the unit's graphs still loaded and under the same profiling discipline as ``lensopt
-profile`` (``search.measure.measure_unit``). The fresh profiles are returned, not stored:
-the cache keeps the profile it had, since a host that is slow now may not be slow later;
-the caller predicts from them to judge the model apart from the host's drift.
+(``checked``). The work comes in chunks (``measure``: one per pass over the requests; a
+confirmation: its one run), and *rounds* of probes run before the first chunk, between
+chunks and after the last, so that what the probes see is the host over the work's own
+window (``lens.drift``):
+
+- ``budget.drift_check = "side-by-side"`` (the default): each round runs the two probes of
+  every bucket the requests use (the reference probe is one of them). The reference
+  probe's times give ``host_drift``; all of the rounds' runs, solved as one profile
+  (``lens.probes.fit``), are the buckets' profiles *on the host as it was during the
+  work*, and the work is judged on the prediction from them (``"reprofiled"``): like is
+  compared with like, and the as-is error beside it tells how stale the cache is. On a
+  shared host the speed wanders over seconds, and not alike for every bucket, so neither a
+  profile taken minutes apart nor one factor (a reference probe's drift) stands for the
+  host during the work (docs/noise.md, measured). Only when those runs cannot be solved is
+  the drift acted on as under ``"reference"`` (re-scaled when it counts), with the reason.
+- ``"reference"``: the rounds run the reference probe alone (cheaper); past
+  ``budget.drift_reprofile`` the buckets are profiled again after the work
+  (``search.measure.measure_unit``), below it the prediction is re-scaled.
+
+Fresh profiles are returned, never stored: the cache keeps the profile it had, since a
+host that is slow now may not be slow later; the caller predicts from them to judge the
+model apart from the host's drift.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 from lens.buckets import decode_contexts, used_buckets
-from lens.drift import REPROFILED, Drift, Reference, action, drift_of, halves, reference_probe
+from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Reference, action, drift_of,
+                        reference_probe)
 from lens.errors import one_line
-from lens.probes import NoisyMeasurement
-from lens.types import BucketProfile, Candidate, Requests, Unit
+from lens.probes import NoisyMeasurement, assess, fit, plan_probes, to_profile
+from lens.types import BucketProfile, Candidate, Probe, Requests, Target, Unit
 from runners import Runner
-from spaces import ProfileSettings, Space
+from spaces import Budget, ProfileSettings, Space
 
 from .measure import measure_unit
 
@@ -29,76 +46,160 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class DriftCheck:
-    """What a measurement does about the host's drift: the reference probe, and what to re-profile."""
+    """What a measurement does about the host's drift: the probes around the work, and what to re-profile."""
 
     reference: Reference
     tolerance: float
     reprofile_above: float
     #: whether re-scaling the prediction by the drift is meaningful (not under continuous serving)
     rescalable: bool
-    #: the buckets re-profiled when the drift is large: those the requests use
+    #: the buckets the requests use: probed side by side, or re-profiled when the drift is large
     buckets: tuple[int, ...]
     all_buckets: tuple[int, ...]
     profile: ProfileSettings
+    #: ``budget.drift_check``: the probes of every bucket in ``buckets`` in each round, or the reference alone
+    side_by_side: bool = True
+    #: the probes of each round, one repeat each (the reference probe among them)
+    probes: tuple[Probe, ...] = ()
 
     @classmethod
     def of(cls, space: Space, cand: Candidate, requests: Requests,
            profiles: Mapping[int, BucketProfile]) -> "DriftCheck | None":
         """The check of ``cand`` on ``requests`` against its unit's cached ``profiles`` (None: nothing to compare)."""
-        policy = space.target.bucket_policy
-        ref = reference_probe(profiles, requests.input_len, cand.ctx_buckets, policy=policy,
-                              repeats=space.profile.repeats)
+        return cls.build(space.target, cand, requests, profiles, budget=space.budget, profile=space.profile,
+                         all_buckets=tuple(space.search.buckets))
+
+    @classmethod
+    def build(cls, target: Target, cand: Candidate, requests: Requests, profiles: Mapping[int, BucketProfile], *,
+              budget: Budget, profile: ProfileSettings, all_buckets: tuple[int, ...]) -> "DriftCheck | None":
+        """``of`` from its parts: the target, the budget's drift settings, the profile settings and the
+        search's full bucket set (which places each probe's prompt)."""
+        policy = target.bucket_policy
+        ref = reference_probe(profiles, requests.input_len, cand.ctx_buckets, policy=policy, repeats=profile.repeats)
         if ref is None:
             return None
-        used = used_buckets(cand.ctx_buckets, cand.tkg_buckets, requests.input_len, policy=policy,
-                            contexts=decode_contexts(requests.input_len, requests.output_len))
-        return cls(ref, space.budget.drift_tolerance, space.budget.drift_reprofile,
-                   space.target.serving != "continuous", tuple(sorted(used)), tuple(space.search.buckets),
-                   space.profile)
+        used = tuple(sorted(used_buckets(cand.ctx_buckets, cand.tkg_buckets, requests.input_len, policy=policy,
+                                         contexts=decode_contexts(requests.input_len, requests.output_len))))
+        side = budget.drift_check == SIDE_BY_SIDE
+        probes = _bucket_probes(used, profiles, all_buckets, policy, profile.max_output) if side \
+            else (dataclasses.replace(ref.probe, repeats=1),)
+        return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
+                   all_buckets, profile, side, probes)
+
+    @property
+    def repeats(self) -> int:
+        """Timed runs of each probe over all rounds: the reference's (at least ``REFERENCE_REPEATS``)."""
+        return max(self.reference.probe.repeats, REFERENCE_REPEATS)
+
+
+def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
+                   policy: str, max_output: int) -> tuple[Probe, ...]:
+    """The two probes of each used bucket, as the cached profile ran them (planned afresh where none is cached)."""
+    out: list[Probe] = []
+    missing = [b for b in used if b not in profiles]
+    planned = plan_probes(all_buckets, policy=policy, profile=missing, max_output=max_output, repeats=1) \
+        if missing else []
+    for b in used:
+        p = profiles.get(b)
+        if p is not None:
+            out += [Probe(b, p.input_len, p.l1, 1), Probe(b, p.input_len, p.l2, 1)]
+    return tuple(sorted(out + planned, key=lambda p: (p.bucket, p.output_len)))
 
 
 @dataclass(frozen=True)
 class DriftOutcome:
-    """The reference probe's runs around the work, the drift they give, and what was done about it."""
+    """The probes' runs around the work, the drift they give, and what was done about it."""
 
     drift: Drift
     #: ``lens.drift.action``'s verdict, as carried out ("none", "rescaled", "reprofiled")
     action: str
-    times_before_s: tuple[float, ...]
-    times_after_s: tuple[float, ...]
-    #: the hardware seconds of the reference runs and of any re-profiling
+    #: the reference probe's times in each round (before the work, between its chunks, after it)
+    rounds_s: tuple[tuple[float, ...], ...]
+    #: the hardware seconds of every probe run and of any re-profiling
     hardware_s: float
-    #: the re-profiled buckets (action "reprofiled")
+    #: the buckets' profiles on the host as it was during the work (side by side, or re-profiled after
+    #: it: action "reprofiled"); empty when none were taken or they could not be solved
     profiles: dict[int, BucketProfile] = field(default_factory=dict)
+    #: the hardware seconds those profiles cost
     reprofile_s: float = 0.0
     #: why a re-profile that was due did not replace the cached profiles ("" when none failed)
     note: str = ""
+    #: whether ``profiles`` were taken side by side with the work (else after it)
+    side_by_side: bool = False
 
     @property
     def times_s(self) -> tuple[float, ...]:
-        return self.times_before_s + self.times_after_s
+        return tuple(t for r in self.rounds_s for t in r)
+
+    @property
+    def times_before_s(self) -> tuple[float, ...]:
+        return self.rounds_s[0] if self.rounds_s else ()
+
+    @property
+    def times_after_s(self) -> tuple[float, ...]:
+        return self.rounds_s[-1] if len(self.rounds_s) > 1 else ()
 
 
-def bracketed(runner: Runner, unit: Unit, check: DriftCheck | None,
-              work: Callable[[], T]) -> tuple[T, DriftOutcome | None]:
-    """Run ``work`` between the two halves of the reference probe; re-profile when the drift says so."""
+def spread_repeats(total: int, rounds: int) -> list[int]:
+    """``total`` timed runs spread over ``rounds`` rounds, the first ones taking the remainder; at least one each."""
+    base, extra = divmod(max(total, rounds), rounds)
+    return [base + (1 if i < extra else 0) for i in range(rounds)]
+
+
+def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
+            chunks: Sequence[Callable[[], T]]) -> tuple[list[T], DriftOutcome | None]:
+    """Run the ``chunks`` of work with rounds of the check's probes around and between them; act on the drift."""
     if check is None:
-        return work(), None
-    first, second = halves(check.reference.probe)
-    res = runner.profile(unit, [first])
-    before, hw = tuple(res.runs[0].times_s), res.compile_s + res.run_s
-    out = work()
-    res = runner.profile(unit, [second])
-    after, hw = tuple(res.runs[0].times_s), hw + res.compile_s + res.run_s
-    d = drift_of(check.reference, before + after)
+        return [c() for c in chunks], None
+    counts = spread_repeats(check.repeats, len(chunks) + 1)
+    key = lambda p: (p.bucket, p.input_len, p.output_len)  # noqa: E731
+    times: dict[tuple, list[float]] = {key(p): [] for p in check.probes}
+    ref_key = key(check.reference.probe)
+    rounds: list[tuple[float, ...]] = []
+    hw = 0.0
+    last = None
+
+    def probe_round(n: int) -> None:
+        nonlocal hw, last
+        res = runner.profile(unit, [dataclasses.replace(p, repeats=n) for p in check.probes])
+        hw += res.compile_s + res.run_s
+        last = res
+        for r in res.runs:
+            times[key(r.probe)].extend(r.times_s)
+        rounds.append(tuple(next(r.times_s for r in res.runs if key(r.probe) == ref_key)))
+
+    out: list[T] = []
+    for i, work in enumerate(chunks):
+        probe_round(counts[i])
+        out.append(work())
+    probe_round(counts[-1])
+    d = drift_of(check.reference, times[ref_key])
+    if check.side_by_side:
+        runs = [dataclasses.replace(r, probe=dataclasses.replace(r.probe, repeats=len(times[key(r.probe)])),
+                                    times_s=tuple(times[key(r.probe)])) for r in last.runs]
+        fresh, note = _solved(runs, unit, check, runner.name, last)
+        # judged on the profiles taken with the work; failing those, as the reference alone would be
+        what = REPROFILED if fresh else action(d, tolerance=check.tolerance, reprofile_above=float("inf"),
+                                                rescalable=check.rescalable)
+        return out, DriftOutcome(d, what, tuple(rounds), hw, fresh, hw if fresh else 0.0, note, True)
     what = action(d, tolerance=check.tolerance, reprofile_above=check.reprofile_above, rescalable=check.rescalable)
     if what != REPROFILED:
-        return out, DriftOutcome(d, what, before, after, hw)
+        return out, DriftOutcome(d, what, tuple(rounds), hw)
     try:
         m = measure_unit(unit.target, tp=unit.tp, batch=unit.batch, buckets=check.buckets,
                          all_buckets=check.all_buckets, profile=check.profile, runner=runner)
     except NoisyMeasurement as exc:  # judged as a smaller drift would be, and the reason kept
         fallback = action(d, tolerance=check.tolerance, reprofile_above=float("inf"), rescalable=check.rescalable)
-        return out, DriftOutcome(d, fallback, before, after, hw, note=f"re-profiling failed: {one_line(exc)}")
+        return out, DriftOutcome(d, fallback, tuple(rounds), hw, note=f"re-profiling failed: {one_line(exc)}")
     spent = m.compile_s + m.run_s
-    return out, DriftOutcome(d, REPROFILED, before, after, hw + spent, dict(m.profiles), spent)
+    return out, DriftOutcome(d, REPROFILED, tuple(rounds), hw + spent, dict(m.profiles), spent)
+
+
+def _solved(runs, unit: Unit, check: DriftCheck, name: str, res) -> tuple[dict[int, BucketProfile], str]:
+    """The side-by-side runs solved as profiles, or none and why (a bucket whose runs cannot be solved)."""
+    fits = fit(runs, batch=unit.batch, prefill=unit.target.prefill)
+    bad = [why for f in fits.values() if (why := f.impossible())]
+    if bad:
+        return {}, f"the side-by-side probes give no profile: {bad[0]}"
+    return {b: to_profile(f, accepted=assess(f, max_spread=check.profile.max_spread) is None, runner=name,
+                          host=res.host, simulated=res.simulated) for b, f in fits.items()}, ""

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from lens.drift import SIDE_BY_SIDE
 from lens.types import BucketProfile, Candidate
 from spaces import Space
 
@@ -341,12 +342,18 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
                   f"is flagged.\n"]
         drift = confirm["host_drift"].dropna() if "host_drift" in confirm else pd.Series(dtype=float)
         if len(drift):
-            lines += [f"Host drift: a reference probe run just before each confirmation took "
+            if space.budget.drift_check == SIDE_BY_SIDE:
+                how = ("each confirmation is judged on the prediction from the buckets its requests use, profiled "
+                       "side by side with its run (before and after it: the host as it was then, not stored), the "
+                       "error as is kept beside it.")
+            else:
+                how = (f"past {fmt.share(space.budget.drift_tolerance)} of drift (and beyond its own noise) the "
+                       f"corrected one is judged: the prediction re-scaled by the drift, or past "
+                       f"{fmt.share(space.budget.drift_reprofile)} predicted again from the buckets profiled again "
+                       f"during the confirmation.")
+            lines += [f"Host drift: a reference probe run around each confirmation took "
                       f"{', '.join(fmt.sig(d) for d in drift)} times its time in the profile. Each error is given "
-                      f"as is and drift-corrected; past {fmt.share(space.budget.drift_tolerance)} of drift (and "
-                      f"beyond its own noise) the corrected one is judged: the prediction re-scaled by the drift, or "
-                      f"past {fmt.share(space.budget.drift_reprofile)} predicted again from the buckets profiled "
-                      f"again during the confirmation.\n"]
+                      f"as is and drift-corrected; {how}\n"]
         lines += [confirm_md(confirm)]
     if "staircase.png" in pngs:
         lines += ["## Per-bucket staircase of the chosen unit" + (" (estimated)" if estimate_only else "") + "\n",

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from lens.arrivals import MAX_RATE
 from lens.capacity import MAX_QUEUE_GROWTH
+from lens.drift import DRIFT_CHECKS
 from lens.errors import UserError
 from lens.types import Scheduler, Target
 from lens.workload import DEFAULT_REQUESTS, MAX_REQUESTS
@@ -131,14 +132,23 @@ class Budget:
                                help="confirmation disagreement flagged above this fraction")
     drift_tolerance: float = setting(0.05, float, above=0, below=1, hint="a fraction such as 0.05",
                                      help="host drift (a reference probe now vs in the profile) beyond which, and "
-                                          "beyond twice its own noise, a confirmation's prediction is re-scaled by "
-                                          "it before it is judged")
+                                          "beyond twice its own noise, the drift counts: with drift_check = "
+                                          "\"reference\", a confirmation's prediction is then corrected for it "
+                                          "before it is judged")
     drift_reprofile: float = setting(0.10, float, min=0, below=10, hint="a fraction such as 0.1",
-                                     help="host drift beyond which (and beyond drift_tolerance) the buckets the "
-                                          "requests use are profiled again before a measurement or confirmation is "
-                                          "judged, instead of re-scaling the prediction (0: at any drift worth "
-                                          "correcting); the default is the confirmation tolerance, since a drift "
-                                          "that large would decide the verdict by itself")
+                                     help="drift_check = \"reference\": host drift beyond which (and beyond "
+                                          "drift_tolerance) the buckets the requests use are profiled again after "
+                                          "a measurement or confirmation before it is judged, instead of re-scaling "
+                                          "the prediction (0: at any drift worth correcting); the default is the "
+                                          "confirmation tolerance, since a drift that large would decide the "
+                                          "verdict by itself")
+    drift_check: str = setting(DRIFT_CHECKS[0], str, choices=DRIFT_CHECKS,
+                               help="how a measurement or confirmation tells the host's drift from model error: "
+                                    "\"side-by-side\" runs the probes of every bucket the requests use in rounds "
+                                    "before, between and after the runs and judges the runs on the prediction from "
+                                    "them (the host as it was during the runs; the as-is error is kept beside it); "
+                                    "\"reference\" runs only the reference probe before and after them (cheaper) "
+                                    "and acts on its drift (drift_tolerance, drift_reprofile)")
 
 
 @dataclass(frozen=True)

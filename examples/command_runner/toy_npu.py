@@ -33,12 +33,14 @@ outlier (one repeat of every profile run is five times slower: a huge spread),
 straggler (a busy host: now and then one graph call -- a prefill or a decode step --
 takes ``--straggler-factor`` times its time, 1 call in ``--straggler-every`` on average,
 drawn from ``target.seed`` and the call) and drift (the host got slower: every time is
-``--drift`` times longer).
+``--drift`` times longer; with ``--drift-decode`` the decode steps slow by that factor
+instead, as memory-bound work does when a neighbour takes the memory bandwidth: a host
+whose slow-down is not alike for every part of the work).
 ``--only-batch N`` limits the misbehaviour to units and candidates of batch N;
 ``--fail-times N --count-file PATH`` to the first N calls (counted in PATH);
 ``--after N --count-file PATH`` to the calls after the first N (a host that drifts later).
-``$TOY_NPU_MODE`` and ``$TOY_NPU_DRIFT`` give ``--mode`` and ``--drift`` when they are not on
-the command line: the environment is no part of the fingerprint, so a host can be made to
+``$TOY_NPU_MODE``, ``$TOY_NPU_DRIFT`` and ``$TOY_NPU_DRIFT_DECODE`` give ``--mode``, ``--drift`` and
+``--drift-decode`` when they are not on the command line: the environment is no part of the fingerprint, so a host can be made to
 drift between a profile and a measurement without changing the device lensopt sees.
 """
 import argparse
@@ -101,15 +103,17 @@ def _rng(*parts):
 
 class Host:
     """How the host treats graph calls: all at their time (``ok``), now and then one several
-    times slower (``straggler``), or all slower by a factor (``drift``)."""
+    times slower (``straggler``), or all slower by a factor (``drift``: ``drift_decode`` for
+    decode steps)."""
 
-    def __init__(self, mode="ok", every=50.0, factor=4.0, drift=1.15):
+    def __init__(self, mode="ok", every=50.0, factor=4.0, drift=1.15, drift_decode=None):
         self.mode, self.every, self.factor, self.drift = mode, every, factor, drift
+        self.drift_decode = drift if drift_decode is None else drift_decode
 
-    def calls(self, costs, rng):
-        """Seconds of a sequence of graph calls of ``costs`` seconds each."""
+    def calls(self, costs, rng, decode=False):
+        """Seconds of a sequence of graph calls of ``costs`` seconds each (``decode``: decode steps)."""
         if self.mode == "drift":
-            return sum(costs) * self.drift
+            return sum(costs) * (self.drift_decode if decode else self.drift)
         if self.mode != "straggler":
             return sum(costs)
         p = 1.0 / self.every
@@ -249,16 +253,16 @@ def op_profile(req, host):
                 raise ToyError("probe %d: length %d leaves bucket %d of %r under the %s policy"
                                % (i, ctx, bucket, buckets, policy))
         # one generate call: `batch` prompts encoded one by one, then all rows decode together
-        costs = [pre[bucket]] * batch
-        costs += [dec[select(l_in + k, buckets, policy)] + HOST_ROW_S * batch for k in range(1, l_out)]
+        prefills = [pre[bucket]] * batch
+        steps = [dec[select(l_in + k, buckets, policy)] + HOST_ROW_S * batch for k in range(1, l_out)]
         key = (bucket, l_in, l_out)
         seen[key] = seen.get(key, -1) + 1
         rng = _rng("probe", seed, tp, batch, key, seen[key])
         # which calls straggle depends on the request too (a probe asked again with more
         # repeats meets other stragglers), never on anything but the request
         slow = _rng("straggle", seed, tp, batch, key, seen[key], repeats)
-        times = [(host.launch(HOST_CALL_S) + host.calls(costs, slow)) * rng.lognormvariate(0.0, NOISE)
-                 for _ in range(repeats)]
+        times = [(host.launch(HOST_CALL_S) + host.calls(prefills, slow) + host.calls(steps, slow, decode=True))
+                 * rng.lognormvariate(0.0, NOISE) for _ in range(repeats)]
         runs.append({"bucket": bucket, "input_len": l_in, "output_len": l_out, "times_s": times})
         run_s += sum(times)
     compile_s = sum(dev.compile_s("ctx", b) + dev.compile_s("tkg", b) for b in buckets)
@@ -300,7 +304,8 @@ def op_run_workload(req, host):
             raise ToyError("continuous mode needs requests.arrival_s: one number >= 0 per request")
         sched = req.get("scheduler") or {}
         ttft, e2e, total = serve(lin, lout, arrival, batch, lambda l: host.calls([pre[select(l, ctx, policy)]], slow),
-                                 lambda c, live: host.calls([dec[select(c, tkg, policy)] + HOST_ROW_S * live], slow),
+                                 lambda c, live: host.calls([dec[select(c, tkg, policy)] + HOST_ROW_S * live], slow,
+                                                            decode=True),
                                  rng.lognormvariate(0.0, NOISE), sched.get("max_prefills", 0),
                                  sched.get("prefill_priority", "prefill") == "prefill")
         return {"protocol": PROTOCOL, "ttft_s": ttft, "e2e_s": e2e, "total_s": total,
@@ -322,7 +327,7 @@ def op_run_workload(req, host):
         for k in range(1, steps + 1):
             active = [i for i in idx if lout[i] - 1 >= k]
             longest = max(lin[i] + k for i in active)
-            t += host.calls([dec[select(longest, tkg, policy)] + HOST_ROW_S * len(active)], slow) * f
+            t += host.calls([dec[select(longest, tkg, policy)] + HOST_ROW_S * len(active)], slow, decode=True) * f
             done_at[k] = t
         for i in idx:
             e2e[i] = done_at[lout[i] - 1] if lout[i] > 1 else ttft[i]
@@ -438,6 +443,10 @@ def main(argv=None):
                     help="--mode straggler: how many times its time a straggling call takes (default 4)")
     ap.add_argument("--drift", type=float, default=float(os.environ.get("TOY_NPU_DRIFT", "1.15")),
                     help="--mode drift: how many times slower every call is (default: $TOY_NPU_DRIFT, else 1.15)")
+    ap.add_argument("--drift-decode", type=float,
+                    default=float(os.environ["TOY_NPU_DRIFT_DECODE"]) if os.environ.get("TOY_NPU_DRIFT_DECODE") else None,
+                    help="--mode drift: how many times slower a decode step is (default: $TOY_NPU_DRIFT_DECODE, "
+                         "else --drift)")
     args = ap.parse_args(argv)
     if args.mode not in MODES:
         ap.error("TOY_NPU_MODE=%r is not one of %s" % (args.mode, ", ".join(MODES)))
@@ -481,7 +490,7 @@ def main(argv=None):
         if not isinstance(req, dict) or req.get("protocol") != PROTOCOL:
             raise ToyError("toy-npu speaks protocol %d, the request has %r"
                            % (PROTOCOL, req.get("protocol") if isinstance(req, dict) else None))
-        host = Host(mode, args.straggler_every, args.straggler_factor, args.drift)
+        host = Host(mode, args.straggler_every, args.straggler_factor, args.drift, args.drift_decode)
         if op == "describe":
             reply = op_describe(req, args.label, args.modes.split(","))
         elif op == "profile":

@@ -1,10 +1,12 @@
 """A host slower than when it profiled is reported as drift (``host_drift``), at ``lensopt measure``
-and at confirmation, with the prediction error as is and corrected for it: re-scaled by a drift
-under ``budget.drift_reprofile``, predicted again from the buckets profiled again past it
-(toy_npu: SIMULATED)."""
+and at confirmation, with the prediction error as is and corrected for it: by default judged on the
+buckets profiled side by side with the runs (``budget.drift_check = "side-by-side"``); with the
+reference probe alone, re-scaled by a drift under ``budget.drift_reprofile`` and predicted again from
+the buckets profiled again past it (toy_npu: SIMULATED)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -53,13 +55,17 @@ seed = 0
 [budget]
 trials = 12
 top_k = 1
-"""
+{budget}"""
 
 
-def space(path: Path, env: str = "") -> Path:
+def space(path: Path, env: str = "", budget: str = "") -> Path:
     path.write_text(SPACE.replace("{python}", sys.executable.replace("\\", "/")).replace("{toy}", str(TOY))
-                    .replace("{env}", env))
+                    .replace("{env}", env).replace("{budget}", budget))
     return path
+
+
+REFERENCE = 'drift_check = "reference"\n'
+
 
 
 #: held-out requests over every bucket (none of them a probe)
@@ -79,35 +85,99 @@ def measure(sp: Path, cache: Path, capsys, *extra: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_measure_reports_host_drift_and_the_error_corrected_by_it(tmp_path, capsys, monkeypatch):
+def test_measure_judges_the_runs_on_the_buckets_profiled_side_by_side_with_them(tmp_path, capsys, monkeypatch):
     sp, cache = space(tmp_path / "s.toml"), tmp_path / "c.sqlite"
     assert main(["profile", str(sp), "--tp", "1", "--batch", "2", "--cache", str(cache), "--json"]) == 0
     quiet = measure(sp, cache, capsys)
+    assert quiet["drift_check"] == "side-by-side"
     assert quiet["host_drift"] == pytest.approx(1.0, abs=0.03)
     assert quiet["drift_significant"] is False and 0 <= quiet["host_drift_err"] < 0.03
-    # the reference ran on both sides of the workload, half of its repeats each
-    ref = quiet["reference_probe"]
-    assert len(ref["times_before_s"]) >= 2 and len(ref["times_after_s"]) >= 2
-    assert quiet["prediction_e2e_mape_pct"] < 5
-    assert quiet["drift_action"] == "none" and "prediction_e2e_mape_reprofiled_pct" not in quiet
-    # minutes later the host is 8% slower (the environment is no part of the device's fingerprint):
-    # beyond the tolerance (5%), under budget.drift_reprofile (10%): the prediction is re-scaled
+    # rounds before, between and after the 3 passes, the reference probe in every one
+    rounds = quiet["reference_probe"]["times_by_round_s"]
+    assert len(rounds) == 4 and all(len(r) >= 1 for r in rounds) and sum(map(len, rounds)) >= 5
+    # every bucket the held-out requests use (all three), probed side by side with the runs
+    assert quiet["reprofiled"]["buckets"] == [64, 128, 256] and quiet["reprofiled"]["side_by_side"] is True
+    assert quiet["reprofiled"]["hardware_s"] > 0 and quiet["drift_action"] == "reprofiled"
+    assert quiet["prediction_e2e_mape_pct"] < 5 and quiet["prediction_e2e_mape_reprofiled_pct"] < 5
+    # minutes later the host is 8% slower (the environment is no part of the device's fingerprint)
     monkeypatch.setenv("TOY_NPU_MODE", "drift")
     monkeypatch.setenv("TOY_NPU_DRIFT", "1.08")
     slow = measure(sp, cache, capsys)
-    assert slow["host_drift"] == pytest.approx(1.08, abs=0.01)
-    assert slow["drift_significant"] is True and slow["drift_action"] == "rescaled"
-    assert slow["reference_probe"]["bucket"] in (64, 128, 256)
+    assert slow["host_drift"] == pytest.approx(1.08, abs=0.01) and slow["drift_significant"] is True
+    assert slow["drift_action"] == "reprofiled"
     assert slow["prediction_e2e_mape_pct"] > 5  # as is: the drift looks like a model error ...
-    assert slow["prediction_e2e_mape_drift_corrected_pct"] < 2  # ... corrected by host_drift, it is gone
-    assert "prediction_e2e_mape_reprofiled_pct" not in slow and "reprofiled" not in slow
+    # ... judged on the profiles taken with the runs, it is gone
+    assert slow["prediction_e2e_mape_drift_corrected_pct"] == slow["prediction_e2e_mape_reprofiled_pct"] < 2
+    assert slow["prediction_e2e_mape_rescaled_pct"] < 2  # every call slowed alike: one factor would do here
     capsys.readouterr()
     assert main(["measure", str(sp), "--tp", "1", "--batch", "2", *reqs(tmp_path), "--cache", str(cache)]) == 0
     text = capsys.readouterr().out
-    assert "host_drift: 1.08" in text and "slower" in text and "beyond its noise" in text and "drift-corrected" in text
+    assert re.search(r"host_drift: 1\.0[6-9]\d", text) and "slower" in text and "profiled side by side" in text
+    assert "beyond its noise" in text and "drift-corrected" in text and "4 rounds" in text
 
 
-def test_a_large_drift_at_measure_reprofiles_the_requests_buckets_and_leaves_the_cache(tmp_path, capsys, monkeypatch):
+def test_side_by_side_tells_a_drift_that_is_not_alike_for_every_bucket_from_model_error(tmp_path, capsys,
+                                                                                        monkeypatch):
+    """Prefills 50% slower, decode steps as fast as ever: the reference probe (a long run of the smallest
+    bucket, mostly decode steps) sees almost no drift, the prompt-heavy requests run much slower."""
+    sp, cache = space(tmp_path / "s.toml"), tmp_path / "c.sqlite"
+    ref_sp = space(tmp_path / "ref.toml", budget=REFERENCE)
+    assert main(["profile", str(sp), "--tp", "1", "--batch", "2", "--cache", str(cache), "--json"]) == 0
+    monkeypatch.setenv("TOY_NPU_MODE", "drift")
+    monkeypatch.setenv("TOY_NPU_DRIFT", "1.5")
+    monkeypatch.setenv("TOY_NPU_DRIFT_DECODE", "1.0")
+    side = measure(sp, cache, capsys)
+    ref = measure(ref_sp, cache, capsys)
+    for out in (side, ref):  # the reference probe says the host is (about) as fast as it was
+        assert out["host_drift"] < 1.05 and out["prediction_e2e_mape_pct"] > 5
+    assert side["prediction_e2e_mape_rescaled_pct"] > 5  # one factor cannot stand for this host ...
+    assert side["prediction_e2e_mape_drift_corrected_pct"] < 2  # ... the profiles taken with the runs do
+    assert side["drift_action"] == "reprofiled"
+    # the reference probe alone leaves the error to the model
+    assert ref["drift_check"] == "reference" and ref["drift_action"] == "none" and "reprofiled" not in ref
+
+
+def test_with_the_reference_probe_alone_a_drift_is_rescaled_then_reprofiled_past_drift_reprofile(
+        tmp_path, capsys, monkeypatch):
+    sp, cache = space(tmp_path / "s.toml", budget=REFERENCE), tmp_path / "c.sqlite"
+    assert main(["profile", str(sp), "--tp", "1", "--batch", "2", "--cache", str(cache), "--json"]) == 0
+    capsys.readouterr()
+    predict = ["predict", str(sp), "--tp", "1", "--batch", "2", *reqs(tmp_path), "--cache", str(cache), "--json"]
+    assert main(predict) == 0
+    before = json.loads(capsys.readouterr().out)["e2e_s"]
+    quiet = measure(sp, cache, capsys)
+    # the reference ran before and after the passes (and between them), its repeats spread over the rounds
+    assert quiet["drift_check"] == "reference" and quiet["drift_action"] == "none"
+    assert len(quiet["reference_probe"]["times_before_s"]) >= 1 and len(quiet["reference_probe"]["times_after_s"]) >= 1
+    assert "prediction_e2e_mape_reprofiled_pct" not in quiet and "reprofiled" not in quiet
+    monkeypatch.setenv("TOY_NPU_MODE", "drift")
+    # 8%: beyond the tolerance (5%), under budget.drift_reprofile (10%): the prediction is re-scaled
+    monkeypatch.setenv("TOY_NPU_DRIFT", "1.08")
+    slow = measure(sp, cache, capsys)
+    assert slow["host_drift"] == pytest.approx(1.08, abs=0.01) and slow["drift_action"] == "rescaled"
+    assert slow["prediction_e2e_mape_pct"] > 5 and slow["prediction_e2e_mape_drift_corrected_pct"] < 2
+    assert "reprofiled" not in slow
+    capsys.readouterr()
+    assert main(["measure", str(sp), "--tp", "1", "--batch", "2", *reqs(tmp_path), "--cache", str(cache)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"host_drift: 1\.0[6-9]\d", text) and "beyond its noise" in text and "drift-corrected" in text
+    # 20%: past budget.drift_reprofile, every bucket the requests use is profiled again after the runs
+    monkeypatch.setenv("TOY_NPU_DRIFT", "1.2")
+    slower = measure(sp, cache, capsys)
+    assert slower["host_drift"] == pytest.approx(1.2, abs=0.01) and slower["drift_action"] == "reprofiled"
+    assert slower["reprofiled"]["buckets"] == [64, 128, 256] and slower["reprofiled"]["side_by_side"] is False
+    assert slower["reprofiled"]["hardware_s"] > 0
+    assert slower["prediction_e2e_mape_pct"] > 12 and slower["prediction_e2e_mape_reprofiled_pct"] < 2
+    # the cache keeps the profiles it had: the same prediction as before the slow measurements
+    capsys.readouterr()
+    assert main(predict) == 0
+    assert json.loads(capsys.readouterr().out)["e2e_s"] == before
+    assert main(["measure", str(sp), "--tp", "1", "--batch", "2", *reqs(tmp_path), "--cache", str(cache)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"host_drift: 1\.(19|20)\d", text) and "profiled again" in text and "64, 128, 256" in text
+
+
+def test_the_side_by_side_profiles_never_reach_the_cache(tmp_path, capsys, monkeypatch):
     sp, cache = space(tmp_path / "s.toml"), tmp_path / "c.sqlite"
     assert main(["profile", str(sp), "--tp", "1", "--batch", "2", "--cache", str(cache), "--json"]) == 0
     capsys.readouterr()
@@ -115,20 +185,10 @@ def test_a_large_drift_at_measure_reprofiles_the_requests_buckets_and_leaves_the
     assert main(predict) == 0
     before = json.loads(capsys.readouterr().out)["e2e_s"]
     monkeypatch.setenv("TOY_NPU_MODE", "drift")
-    monkeypatch.setenv("TOY_NPU_DRIFT", "1.2")  # 20% slower: past budget.drift_reprofile (10%)
-    slow = measure(sp, cache, capsys)
-    assert slow["host_drift"] == pytest.approx(1.2, abs=0.01) and slow["drift_action"] == "reprofiled"
-    # every bucket the held-out requests use (all three), measured again on the slow host
-    assert slow["reprofiled"]["buckets"] == [64, 128, 256] and slow["reprofiled"]["hardware_s"] > 0
-    assert slow["prediction_e2e_mape_pct"] > 12  # as is: the drift looks like a model error ...
-    assert slow["prediction_e2e_mape_reprofiled_pct"] < 2  # ... predicted from the fresh profiles, it is gone
-    # the cache keeps the profiles it had: the same prediction as before the slow measurement
-    capsys.readouterr()
+    monkeypatch.setenv("TOY_NPU_DRIFT", "1.2")
+    assert measure(sp, cache, capsys)["drift_action"] == "reprofiled"
     assert main(predict) == 0
     assert json.loads(capsys.readouterr().out)["e2e_s"] == before
-    assert main(["measure", str(sp), "--tp", "1", "--batch", "2", *reqs(tmp_path), "--cache", str(cache)]) == 0
-    text = capsys.readouterr().out
-    assert "host_drift: 1.2" in text and "profiled again" in text and "64, 128, 256" in text
 
 
 def test_measure_without_a_cached_profile_says_drift_is_unknown(tmp_path, capsys):
@@ -140,16 +200,18 @@ def test_measure_without_a_cached_profile_says_drift_is_unknown(tmp_path, capsys
     assert "host_drift: unknown" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("reprofile_above, action", [(0.5, "rescaled"), (None, "reprofiled")])
-def test_a_confirmation_on_a_drifted_host_is_corrected_not_flagged(tmp_path, ray_local, reprofile_above, action):
+@pytest.mark.parametrize("check, reprofile_above, action", [("reference", 0.5, "rescaled"),
+                                                            ("reference", None, "reprofiled"),
+                                                            ("side-by-side", None, "reprofiled")])
+def test_a_confirmation_on_a_drifted_host_is_corrected_not_flagged(tmp_path, ray_local, check, reprofile_above,
+                                                                   action):
     sp, cache = space(tmp_path / "s.toml"), tmp_path / "c.sqlite"
     res = run(sp, results_dir=tmp_path / "r", name="d", cache=cache, confirm=False, progress=False, log=lambda m: None)
     rd = res.run_dir
     # the host drifts before the confirmation: 20% slower (the run's copy of its space gets the environment)
-    space(rd / "space.toml", env='env = { TOY_NPU_MODE = "drift", TOY_NPU_DRIFT = "1.2" }')
-    if reprofile_above is not None:  # re-scaled below budget.drift_reprofile, re-profiled past it (default 10%)
-        with open(rd / "space.toml", "a") as f:
-            f.write(f"drift_reprofile = {reprofile_above}\n")  # the [budget] table ends the file
+    # with the reference probe alone: re-scaled below budget.drift_reprofile, re-profiled past it (default 10%)
+    extra = f'drift_check = "{check}"\n' + (f"drift_reprofile = {reprofile_above}\n" if reprofile_above else "")
+    space(rd / "space.toml", env='env = { TOY_NPU_MODE = "drift", TOY_NPU_DRIFT = "1.2" }', budget=extra)
     assert main(["confirm", str(rd), "--top", "1", "--cache", str(cache), "--no-progress"]) == 0
     conf = pd.read_csv(rd / "confirm.csv")
     row = conf.iloc[0]

@@ -51,9 +51,10 @@ def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
     conf = res.confirm
     assert conf is not None and len(conf) >= 1 and conf["simulated"].all()
     assert conf["ttft_p90_s_measured"].notna().all() and (conf["ttft_p90_s_measured"] > 0).all()
-    # the host's drift is recorded, never used to re-scale a serving prediction (queueing is not linear in it)
-    assert conf["host_drift"].notna().all() and (conf["drift_action"] == "none").all()
-    assert not any(col.endswith("_err_drift_corrected_%") for col in conf.columns)
+    # the host's drift is recorded, never used to re-scale a serving prediction (queueing is not linear in it):
+    # each pick is judged on the same machine predicted from its buckets profiled side by side with the run
+    assert conf["host_drift"].notna().all() and (conf["drift_action"] == "reprofiled").all()
+    assert conf["ttft_p90_s_err_drift_corrected_%"].notna().all()
     # the printed front speaks of serving: requests per second per chip at the rate, goodput, the largest rate
     print_front(res)
     out = capsys.readouterr().out
