@@ -21,7 +21,9 @@ bucket the requests use before, between and after the passes). The error of a re
 Beside them, the measurement's own noise: ``median se``, the standard error of each
 request's median over the passes (bootstrapped; a prediction cannot be judged closer than
 that), and ``host jitter``, the run-to-run spread of a fixed computation
-(``busy.host_jitter``).
+(``busy.host_jitter``). ``side beyond noise`` is the rms error of the side-by-side
+prediction that the measurement's noise does not explain (sqrt(mean e^2 - mean se^2), at
+least 0): an estimate of the model's own error on this host.
 
 All of it is done twice: **quiet** (nothing started by this script; other processes of the
 host run as they do) and **loaded** (one busy process, started here before the unit's
@@ -146,12 +148,14 @@ def one_unit(runner, case: Case, batch: int, args, log) -> dict:
     e2e = np.median(e2e_all, axis=0)
     pol = case.policy
     pred = {name: predict(UnitTable.build(cand, prof, policy=pol), req).e2e_s
-            for name, prof in (("before", before.profiles), ("now", now.profiles), ("side", dr.profiles))
+            for name, prof in (("before", before.profiles), ("now", now.profiles),
+                               ("side", {**now.profiles, **dr.profiles} if dr.profiles else {}))
             if prof}
     pred["rescaled"] = pred["now"] * applied
     noise = np.median(np.abs(e2e_all - e2e) / e2e)  # how far one run sits from the median
+    se = median_se(e2e_all)
     row = {"target": case.name, "policy": pol, "batch": batch, "requests": len(req), "host_drift": d.value,
-           "drift +-": d.err, "rescaled": applied != 1.0, "median se %": float(np.mean(median_se(e2e_all)) * 100),
+           "drift +-": d.err, "rescaled": applied != 1.0, "median se %": float(np.mean(se) * 100),
            "run noise %": noise * 100, "host jitter %": host_jitter(), "now run s": now.run_s,
            "before run s": before.run_s, "check s": dr.hardware_s, "now wall s": t_now, "before wall s": t_before,
            "compile s": now.compile_s + before.compile_s, "now attempts": now.attempts,
@@ -160,8 +164,11 @@ def one_unit(runner, case: Case, batch: int, args, log) -> dict:
     for name in ("before", "now", "rescaled", "side"):
         if name in pred:
             s = stats((pred[name] - e2e) / e2e)
+            err = (pred[name] - e2e) / e2e
             row.update({f"{name} mean %": s["mean"], f"{name} p90 %": s["p90"], f"{name} max %": s["max"],
-                        f"{name} bias %": float(np.mean((pred[name] - e2e) / e2e) * 100)})
+                        f"{name} bias %": float(np.mean(err) * 100),
+                        # the rms error the measurement's own noise does not explain: E[e^2] = model^2 + se^2
+                        f"{name} beyond noise %": float(np.sqrt(max(np.mean(err ** 2) - np.mean(se ** 2), 0.0)) * 100)})
     log(f"    {case.name} ({pol}) batch {batch}: {len(req)} held-out requests; E2E mean error before "
         f"{row['before mean %']:.1f}%, now {row['now mean %']:.1f}% as is, {row['rescaled mean %']:.1f}% re-scaled "
         f"(host_drift {d.value:.3f} +- {d.err:.3f}{'' if applied != 1.0 else ', not applied'}), "
@@ -207,11 +214,12 @@ def main(argv=None) -> int:
     for name in ("before", "now", "rescaled", "side"):
         df[name] = [f"{m:.1f} / {p:.1f}" for m, p in zip(df[f"{name} mean %"], df[f"{name} p90 %"])]
     cols = ["condition", "target", "policy", "batch", "requests", "before", "now", "rescaled", "side", "side bias %",
-            "host_drift", "drift +-", "median se %", "run noise %", "host jitter %"]
+            "side beyond noise %", "host_drift", "drift +-", "median se %", "run noise %", "host jitter %"]
     print(df[cols].to_string(index=False, float_format=f2))
     print("\nPer condition (mean over units of the per-unit figures):")
     num = [f"{n} {k} %" for n in ("before", "now", "rescaled", "side") for k in ("mean", "p90")]
-    agg = df.groupby("condition", sort=False)[num + ["median se %", "run noise %", "host jitter %"]].mean()
+    agg = df.groupby("condition", sort=False)[num + ["side beyond noise %", "median se %", "run noise %",
+                                                     "host jitter %"]].mean()
     print(agg.to_string(float_format=f2))
     print("\nProfiling cost, hardware seconds of timed runs (the compile is shared and shown apart):")
     cost = df.groupby("condition", sort=False)[["before run s", "now run s", "check s", "compile s"]].sum()
@@ -220,7 +228,7 @@ def main(argv=None) -> int:
     print(f"\n'before': profiling as it was (medians of 3 repeats, L2 <= 128); 'now': lensopt's profiling now, as "
           f"is; 'rescaled': 'now' times host_drift where the drift is beyond {Budget().drift_tolerance:.0%} and "
           f"twice its noise; 'side': predicted from the probes run side by side with the passes (lensopt's "
-          f"drift-corrected prediction). Median se: the standard error of each request's median over "
+          f"drift-corrected prediction); 'side beyond noise': its rms error less the measurement's noise. Median se: the standard error of each request's median over "
           f"{args.repeats} passes (the measurement's own noise); run noise: the median deviation of one pass from "
           f"that median. Host jitter: the run-to-run robust spread (1 sigma, % of the median) of a fixed 40 ms "
           f"computation, in the same condition. Real execution on "

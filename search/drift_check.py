@@ -59,7 +59,7 @@ class DriftCheck:
     profile: ProfileSettings
     #: ``budget.drift_check``: the probes of every bucket in ``buckets`` in each round, or the reference alone
     side_by_side: bool = True
-    #: the probes of each round, one repeat each (the reference probe among them)
+    #: the probes the rounds run, each with its timed runs over all rounds (the reference probe among them)
     probes: tuple[Probe, ...] = ()
 
     @classmethod
@@ -81,28 +81,27 @@ class DriftCheck:
         used = tuple(sorted(used_buckets(cand.ctx_buckets, cand.tkg_buckets, requests.input_len, policy=policy,
                                          contexts=decode_contexts(requests.input_len, requests.output_len))))
         side = budget.drift_check == SIDE_BY_SIDE
-        probes = _bucket_probes(used, profiles, all_buckets, policy, profile.max_output) if side \
-            else (dataclasses.replace(ref.probe, repeats=1),)
+        least = max(ref.probe.repeats, REFERENCE_REPEATS)
+        probes = _bucket_probes(used, profiles, all_buckets, policy, profile.max_output, least) if side \
+            else (dataclasses.replace(ref.probe, repeats=least),)
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
                    all_buckets, profile, side, probes)
 
-    @property
-    def repeats(self) -> int:
-        """Timed runs of each probe over all rounds: the reference's (at least ``REFERENCE_REPEATS``)."""
-        return max(self.reference.probe.repeats, REFERENCE_REPEATS)
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
-                   policy: str, max_output: int) -> tuple[Probe, ...]:
-    """The two probes of each used bucket, as the cached profile ran them (planned afresh where none is cached)."""
+                   policy: str, max_output: int, least: int) -> tuple[Probe, ...]:
+    """The two probes of each used bucket as the cached profile ran them, with as many runs as it needed
+    (``least`` at the fewest: a noisy bucket was measured again until tight); planned afresh where none is cached."""
     out: list[Probe] = []
     missing = [b for b in used if b not in profiles]
-    planned = plan_probes(all_buckets, policy=policy, profile=missing, max_output=max_output, repeats=1) \
+    planned = plan_probes(all_buckets, policy=policy, profile=missing, max_output=max_output, repeats=least) \
         if missing else []
     for b in used:
         p = profiles.get(b)
         if p is not None:
-            out += [Probe(b, p.input_len, p.l1, 1), Probe(b, p.input_len, p.l2, 1)]
+            n = max(p.repeats, least)
+            out += [Probe(b, p.input_len, p.l1, n), Probe(b, p.input_len, p.l2, n)]
     return tuple(sorted(out + planned, key=lambda p: (p.bucket, p.output_len)))
 
 
@@ -151,7 +150,8 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
     """Run the ``chunks`` of work with rounds of the check's probes around and between them; act on the drift."""
     if check is None:
         return [c() for c in chunks], None
-    counts = spread_repeats(check.repeats, len(chunks) + 1)
+    rounds_n = len(chunks) + 1
+    counts = {p: spread_repeats(p.repeats, rounds_n) for p in check.probes}
     key = lambda p: (p.bucket, p.input_len, p.output_len)  # noqa: E731
     times: dict[tuple, list[float]] = {key(p): [] for p in check.probes}
     ref_key = key(check.reference.probe)
@@ -159,9 +159,9 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
     hw = 0.0
     last = None
 
-    def probe_round(n: int) -> None:
+    def probe_round(i: int) -> None:
         nonlocal hw, last
-        res = runner.profile(unit, [dataclasses.replace(p, repeats=n) for p in check.probes])
+        res = runner.profile(unit, [dataclasses.replace(p, repeats=counts[p][i]) for p in check.probes])
         hw += res.compile_s + res.run_s
         last = res
         for r in res.runs:
@@ -170,9 +170,9 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
 
     out: list[T] = []
     for i, work in enumerate(chunks):
-        probe_round(counts[i])
+        probe_round(i)
         out.append(work())
-    probe_round(counts[-1])
+    probe_round(rounds_n - 1)
     d = drift_of(check.reference, times[ref_key])
     if check.side_by_side:
         runs = [dataclasses.replace(r, probe=dataclasses.replace(r.probe, repeats=len(times[key(r.probe)])),
