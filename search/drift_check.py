@@ -88,7 +88,6 @@ class DriftCheck:
                    all_buckets, profile, side, probes)
 
 
-
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
                    policy: str, max_output: int, least: int) -> tuple[Probe, ...]:
     """The two probes of each used bucket as the cached profile ran them, with as many runs as it needed
