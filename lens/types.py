@@ -296,6 +296,24 @@ class WorkloadRun:
     simulated: bool = False
     mode: str = "static"
 
+    @classmethod
+    def median_of(cls, runs: "list[WorkloadRun] | tuple[WorkloadRun, ...]") -> "WorkloadRun":
+        """Passes of one workload as one run: each request's median TTFT and E2E, the median
+        ``total_s``, the passes' compile and run seconds summed (what the hardware spent).
+
+        The median and not the mean: a pass that met a slow second of a shared host moves a
+        mean by a share of the passes, the median not at all once most passes are clean.
+        """
+        if not runs:
+            raise ValueError("median_of: no runs")
+        if len({len(r.e2e_s) for r in runs}) != 1 or len({r.mode for r in runs}) != 1:
+            raise ValueError("median_of: the runs are not passes of one workload in one mode")
+        return cls(ttft_s=np.median(np.stack([r.ttft_s for r in runs]), axis=0),
+                   e2e_s=np.median(np.stack([r.e2e_s for r in runs]), axis=0),
+                   total_s=float(np.median([r.total_s for r in runs])),
+                   compile_s=float(sum(r.compile_s for r in runs)), run_s=float(sum(r.run_s for r in runs)),
+                   host=runs[0].host, simulated=any(r.simulated for r in runs), mode=runs[0].mode)
+
 
 def stable_hash(obj: Any, n: int = 16) -> str:
     """A short, stable hash of a JSON-able object (sorted keys)."""

@@ -255,7 +255,7 @@ def cmd_measure(args) -> int:
 
         raise UserError(f"--repeats {args.repeats}: must be between 1 and {MAX_MEASURE_REPEATS}")
     runner = get_runner(space.target)
-    from lens.types import Unit
+    from lens.types import Unit, WorkloadRun
 
     serve_mode = "continuous" if serving is not None else "static"
     runner.check_mode(serve_mode, requests)  # a runner that does not serve it says so before anything runs
@@ -277,23 +277,22 @@ def cmd_measure(args) -> int:
     wall = time.perf_counter() - t0
     drift = dr.drift.value if dr is not None else None
     ref_extra = _drift_extra(dr, check, space.budget.drift_tolerance) if dr is not None else {}
-    ttft = np.median(np.stack([r.ttft_s for r in runs]), axis=0)
+    med = WorkloadRun.median_of(runs)
+    ttft, e2e, total = med.ttft_s, med.e2e_s, med.total_s
     e2e_all = np.stack([r.e2e_s for r in runs])
-    e2e = np.median(e2e_all, axis=0)
-    total = float(np.median([r.total_s for r in runs]))
     spread_each = (e2e_all.max(axis=0) - e2e_all.min(axis=0)) / e2e
     tpot = tpot_of(ttft, e2e, requests.output_len)
     if serving is not None:
         summary = summarize_serving(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp, slo=serving[2])
     else:
         summary = summarize(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp)
-    sim = any(r.simulated for r in runs) or runner.simulated
+    sim = med.simulated or runner.simulated
     extra = {
         "repeats": args.repeats,
         "spread": float(np.median(spread_each)),
         "spread_max": float(spread_each.max()),
-        "compile_s": float(sum(r.compile_s for r in runs)),
-        "run_s": float(sum(r.run_s for r in runs)),
+        "compile_s": med.compile_s,
+        "run_s": med.run_s,
         "wall_s": wall,
         "simulated": sim,
         # the reference probe's time now over its time in the cached profile (null: nothing cached to compare)

@@ -2,9 +2,11 @@
 
 The picks are spread along the front (both ends included; near-duplicate points left out),
 one of them traded for the least certain prediction near the knee
-(``selection.confirm_pick``); each runs the whole workload sample as one Ray task (under
-continuous serving, released at the same arrival times as predicted), after a warm-up run
-that compiles its graphs (both count as hardware seconds). Around the workload the task
+(``selection.confirm_pick``); each runs the whole workload sample ``budget.confirm_repeats``
+times as one Ray task (under continuous serving, released at the same arrival times as
+predicted), after a warm-up run that compiles its graphs (all count as hardware seconds),
+and is judged on each request's median over the passes: on a shared host one pass
+scatters by about the tolerance itself. Around the workload the task
 runs probes of the unit again (``search.drift_check``): ``host_drift`` says how much slower
 (> 1) or faster the host was over the run than when it profiled, from its reference probe.
 A confirmation disagreeing by more than ``budget.tolerance`` on any of ``CONFIRM_METRICS`` is
@@ -74,6 +76,23 @@ class Confirmation:
     reprofiled: Mapping[str, float] = field(default_factory=dict)
     #: why a re-profile that was due did not take place ("" when none failed)
     drift_note: str = ""
+    #: passes of the workload run (``budget.confirm_repeats``); ``measured`` is each request's median over them
+    passes: int = 1
+    #: metric -> error in percent of each CONFIRM_METRICS metric past the tolerance, as judged (the reason for the flag)
+    flagged_on: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def judged_corrected(self) -> bool:
+        """Whether the verdict is on the drift-corrected prediction (re-profiled or re-scaled)."""
+        return self.drift_action in (RESCALED, REPROFILED)
+
+    def beyond(self, tolerance: float) -> dict[str, float]:
+        """Metric -> judged error (percent) of the CONFIRM_METRICS over ``tolerance`` (a fraction).
+
+        A NaN error (e.g. no TPOT of one-token outputs) is never over it.
+        """
+        errs = {m: self.error_pct(m, corrected=self.judged_corrected) for m in CONFIRM_METRICS if m in self.predicted}
+        return {m: e for m, e in errs.items() if abs(e) > tolerance * 100}
 
     def error_pct(self, metric: str, *, corrected: bool = False) -> float:
         """The prediction's error on ``metric`` in percent; ``corrected``: the prediction corrected for the
@@ -92,7 +111,8 @@ class Confirmation:
              "host_drift": self.host_drift, "drift_action": self.drift_action,
              "e2e_request_mape_corrected_pct": self.e2e_request_mape_corrected_pct,
              "host_drift_err": self.host_drift_err, "reprofiled": dict(self.reprofiled) or None,
-             "drift_note": self.drift_note or None}
+             "drift_note": self.drift_note or None, "passes": self.passes,
+             "flagged_on": dict(self.flagged_on) or None}
         return {k: v for k, v in d.items() if v is not None}
 
     @classmethod
@@ -107,7 +127,8 @@ class Confirmation:
                    e2e_request_mape_corrected_pct=d.get("e2e_request_mape_corrected_pct"),
                    host_drift_err=d.get("host_drift_err"),
                    reprofiled={k: nan if v is None else float(v) for k, v in (d.get("reprofiled") or {}).items()},
-                   drift_note=d.get("drift_note") or "")
+                   drift_note=d.get("drift_note") or "", passes=int(d.get("passes", 1)),
+                   flagged_on={k: float(v) for k, v in (d.get("flagged_on") or {}).items()})
 
 
 def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests: Requests, dispatcher: "Dispatcher",
@@ -140,7 +161,7 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
     log(f"confirming {len(picks)} candidate(s) on the hardware with the {len(requests)}-request workload")
     shown = bar(len(picks), "confirming", progress)
     for done in dispatcher.confirm(space.target, [e.candidate for e in picks], requests, checks,
-                                   timeout_s=space.budget.confirm_timeout_s):
+                                   repeats=space.budget.confirm_repeats, timeout_s=space.budget.confirm_timeout_s):
         ledger.confirm_tasks += 1
         c, ev = done.key, by_cand[done.key]
         if done.error:
@@ -154,16 +175,15 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
                                          slo=RequestSLO.from_constraints(dict(space.slo)))
             else:
                 meas = summarize(requests, ttft_s=wr.ttft_s, e2e_s=wr.e2e_s, total_s=wr.total_s, chips=c.tp)
-            conf = Confirmation(c, flagged=False, simulated=wr.simulated, predicted={m: ev.metrics[m] for m in metrics},
+            conf = Confirmation(c, flagged=False, simulated=wr.simulated, passes=space.budget.confirm_repeats,
+                                predicted={m: ev.metrics[m] for m in metrics},
                                 measured={m: meas[m] for m in metrics},
                                 e2e_request_mape_pct=_mape(ev.prediction.e2e_s, wr.e2e_s),
                                 **_drift_fields(dr, ev, space, requests, profiles, metrics, wr.e2e_s, continuous))
-            tol = space.budget.tolerance * 100  # (a NaN error, e.g. no TPOT of one-token outputs, flags nothing)
-            judged = conf.drift_action in (RESCALED, REPROFILED)
-            flagged = any(abs(conf.error_pct(m, corrected=judged)) > tol for m in CONFIRM_METRICS)
-            if judged:
+            over = conf.beyond(space.budget.tolerance)
+            if conf.judged_corrected:
                 log(f"  {c.label()}: {_drift_said(dr, checks[c])}")
-            out.append(dataclasses.replace(conf, flagged=flagged))
+            out.append(dataclasses.replace(conf, flagged=bool(over), flagged_on=over))
         shown.update(1)
         if cap is not None and ledger.confirm_hardware_s >= cap:
             log(f"confirmation budget of {cap:g} hardware-s spent; stopping confirmation")

@@ -84,10 +84,11 @@ class ConfirmRun:
     drift: "DriftOutcome | None" = None
 
 
-def _confirm_task(target: Target, candidate: Candidate, requests: Requests, check: "DriftCheck | None" = None):
+def _confirm_task(target: Target, candidate: Candidate, requests: Requests, check: "DriftCheck | None",
+                  repeats: int):
     import dataclasses
 
-    from lens.types import Unit
+    from lens.types import Unit, WorkloadRun
     from runners import get_runner
     from search.drift_check import checked
 
@@ -96,10 +97,11 @@ def _confirm_task(target: Target, candidate: Candidate, requests: Requests, chec
         runner = get_runner(target)
         runner.check_mode(target.serving, requests)  # before compiling anything
         warm = runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
-        # the same arrivals as predicted, between rounds of the drift check's probes (search.drift_check)
+        # the same arrivals as predicted, ``repeats`` passes between rounds of the drift check's probes
+        # (search.drift_check); each request's median over the passes is what is judged
         runs, drift = checked(runner, Unit(target, candidate.tp, candidate.batch), check,
-                              [lambda: runner.run_workload(candidate, requests, mode=target.serving)])
-        run = runs[0]
+                              [lambda: runner.run_workload(candidate, requests, mode=target.serving)] * repeats)
+        run = WorkloadRun.median_of(runs)
     except _PERMANENT as exc:
         yield _Permanent.of(exc)
         return
@@ -373,12 +375,14 @@ class Dispatcher:
 
     def confirm(self, target: Target, candidates: Sequence[Candidate], requests: Requests,
                 checks: "Mapping[Candidate, DriftCheck | None] | None" = None, *,
-                timeout_s: float | None = None) -> Iterator[TaskOutcome]:
-        """One task per candidate: a warm-up run that compiles its graphs, then the workload
-        between the halves of its reference probe (``checks``, if any: ``search.drift_check``).
+                repeats: int, timeout_s: float | None = None) -> Iterator[TaskOutcome]:
+        """One task per candidate: a warm-up run that compiles its graphs, then ``repeats``
+        passes of the workload (``budget.confirm_repeats``; their per-request median is the
+        run returned) between rounds of its drift check's probes (``checks``, if any:
+        ``search.drift_check``).
 
         ``timeout_s`` (``budget.confirm_timeout_s``): most seconds a task may run from its start.
         """
         checks = checks or {}
-        jobs = [(c, c.tp, (target, c, requests, checks.get(c))) for c in candidates]
+        jobs = [(c, c.tp, (target, c, requests, checks.get(c), repeats)) for c in candidates]
         return self._run(_confirm_task, jobs, timeout_s=timeout_s, timeout_key="budget.confirm_timeout_s")

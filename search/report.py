@@ -132,7 +132,8 @@ def confirm_md(confirm: pd.DataFrame) -> str:
         row += [f"{fmt.sig(r.get('e2e_request_mape_%'))}%"]
         if drifted:
             row += [fmt.sig(r.get("host_drift")), f"{fmt.sig(r.get('e2e_request_mape_drift_corrected_%'))}%"]
-        verdict = "**flagged**" if r["flagged"] else "ok"
+        why = r.get("flagged_on")
+        verdict = ("**flagged**" + (f" ({why})" if isinstance(why, str) and why else "")) if r["flagged"] else "ok"
         row += [verdict + _DRIFT_VERDICT.get(r.get("drift_action"), "")]
         rows.append(row)
     return md_table(header, rows)
@@ -338,8 +339,10 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
     if confirm is None or confirm.empty:
         lines += ["_not run_\n"]
     else:
-        lines += [f"Predicted vs measured on the workload sample; an error over {space.budget.tolerance * 100:g}% "
-                  f"is flagged.\n"]
+        passes = space.budget.confirm_repeats
+        lines += [f"Predicted vs measured on the workload sample"
+                  + (f" (each request's median over {passes} passes)" if passes > 1 else "")
+                  + f"; an error over {space.budget.tolerance * 100:g}% is flagged.\n"]
         drift = confirm["host_drift"].dropna() if "host_drift" in confirm else pd.Series(dtype=float)
         if len(drift):
             if space.budget.drift_check == SIDE_BY_SIDE:

@@ -127,6 +127,9 @@ class Budget:
                                help="profiling stops when no unit's buckets are expected to add this fraction of "
                                     "the measured front's hypervolume")
     top_k: int = setting(3, int, min=1, help="candidates confirmed on the hardware")
+    confirm_repeats: int = setting(3, int, min=1, max=100,
+                                   help="passes of the workload in each confirmation; each request's median over "
+                                        "them is judged (one pass on a shared host scatters by about the tolerance)")
     trials: int = setting(200, int, min=1, help="Optuna trials")
     tolerance: float = setting(0.10, float, above=0, below=10, hint="a fraction such as 0.1",
                                help="confirmation disagreement flagged above this fraction")

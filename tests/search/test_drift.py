@@ -222,3 +222,24 @@ def test_a_confirmation_on_a_drifted_host_is_corrected_not_flagged(tmp_path, ray
     info = json.loads((rd / "run.json").read_text())
     assert info["confirmed"][0]["host_drift"] == pytest.approx(1.2, abs=0.03)
     assert bool(info["confirmed"][0].get("reprofiled")) == (action == "reprofiled")
+
+
+@pytest.mark.parametrize("passes", [1, 3])
+def test_a_confirmation_is_judged_on_the_median_of_its_passes(tmp_path, ray_local, passes):
+    # a host with one slow minute: the confirmation's first two workload runs (its warm-up and its
+    # first pass) are 1.5x slower, the probes and later runs are not
+    count = tmp_path / "calls"
+    sp = space(tmp_path / "s.toml", budget=f"confirm_repeats = {passes}\n")
+    sp.write_text(sp.read_text().replace(
+        f'"{TOY}"]', f'"{TOY}", "--mode", "drift", "--drift", "1.5", "--fail-on", "run_workload", '
+                     f'"--fail-times", "2", "--count-file", "{count.as_posix()}"]'))
+    res = run(sp, results_dir=tmp_path / "r", name="p", cache=tmp_path / "c.sqlite", progress=False,
+              log=lambda m: None)
+    assert len(count.read_bytes()) == 1 + passes  # the warm-up, then every pass
+    row = pd.read_csv(res.run_dir / "confirm.csv").iloc[0]
+    assert row["passes"] == passes
+    if passes == 1:  # the one pass met the slow minute: flagged, and the table says on what
+        assert row["flagged"] and "E2E p90" in row["flagged_on"], row.to_dict()
+    else:  # two clean passes of three: the median is the host as it usually is
+        assert not row["flagged"] and pd.isna(row["flagged_on"]), row.to_dict()
+        assert abs(row["e2e_p90_s_err_drift_corrected_%"]) < 5
