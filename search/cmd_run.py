@@ -77,6 +77,12 @@ def _cell(v) -> str:
     return "" if v is None or pd.isna(v) else fmt_s(v)
 
 
+def _errs(r: dict, metric: str) -> str:
+    """A confirmation's error on ``metric``, as is and (when there is one) drift-corrected: ``+11.5% / +2.0%``."""
+    fixed = r.get(f"{metric}_err_drift_corrected_%")
+    return f"{r[f'{metric}_err_%']:+.1f}%" + ("" if fixed is None or pd.isna(fixed) else f" / {fixed:+.1f}%")
+
+
 def _mape_cell(r: dict) -> str:
     """A confirmation's per-request E2E error, as is and (when there is one) drift-corrected."""
     fixed = r.get("e2e_request_mape_drift_corrected_%")
@@ -126,11 +132,13 @@ def print_front(res) -> None:
                 rows.append([r["tp"], r["batch"], r["ctx_buckets"], "failed: " + r["error"], "", "", ""])
                 continue
             rows.append([r["tp"], r["batch"], r["ctx_buckets"],
-                         f"{r['throughput_tok_s_predicted']:.1f} / {r['throughput_tok_s_measured']:.1f} ({r['throughput_tok_s_err_%']:+.1f}%)",
-                         f"{fmt_s(r['e2e_p90_s_predicted'])} / {fmt_s(r['e2e_p90_s_measured'])} ({r['e2e_p90_s_err_%']:+.1f}%)",
+                         f"{r['throughput_tok_s_predicted']:.1f} / {r['throughput_tok_s_measured']:.1f} "
+                         f"({_errs(r, 'throughput_tok_s')})",
+                         f"{fmt_s(r['e2e_p90_s_predicted'])} / {fmt_s(r['e2e_p90_s_measured'])} ({_errs(r, 'e2e_p90_s')})",
                          _mape_cell(r), _verdict(r)])
-        print(table(rows, ["tp", "batch", "buckets", "tok/s pred / meas", "E2E p90 pred / meas",
-                           "per-request E2E err (as is / drift-corrected)", "verdict"]))
+        print(table(rows, ["tp", "batch", "buckets", "tok/s pred / meas (err as is / corrected)",
+                           "E2E p90 pred / meas (err as is / corrected)", "per-request E2E err (as is / corrected)",
+                           "verdict"]))
     print(f"\nunits: {len(ledger.units_measured)} measured this run, {len(ledger.units_reused)} reused; "
           f"profiling tasks this run: {ledger.profile_tasks_this_run}; hardware seconds{sim}: profiling "
           f"{ledger.profile_hardware_s:.1f}, confirmation {ledger.confirm_hardware_s:.1f}")
