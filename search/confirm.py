@@ -9,8 +9,8 @@ and is judged on each request's median over the passes: on a shared host one pas
 scatters by about the tolerance itself. Around the workload the task
 runs probes of the unit again (``search.drift_check``): ``host_drift`` says how much slower
 (> 1) or faster the host was over the run than when it profiled, from its reference probe.
-A confirmation disagreeing by more than ``budget.tolerance`` on any of ``CONFIRM_METRICS`` is
-flagged. A slower host is not a model error. Under ``budget.drift_check = "side-by-side"``
+A confirmation disagreeing by more than ``budget.tolerance`` on any of ``CONFIRM_METRICS`` or
+on one of the space's two objectives (the front's own axes) is flagged. A slower host is not a model error. Under ``budget.drift_check = "side-by-side"``
 (the default) the probes of every bucket the requests use run before and after the
 workload, and the confirmation is judged on the prediction from them: the model on the host
 as it was during the run (``drift_action = "reprofiled"``). Under ``"reference"`` only the
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .dispatch import Dispatcher
     from .ledger import RunLedger
 
-#: metrics compared (with the two objectives); a disagreement on one of them flags the candidate
+#: metrics compared besides the two objectives; a disagreement on one of them, or on an objective, flags the candidate
 CONFIRM_METRICS = ("throughput_tok_s", "e2e_p90_s", "ttft_p50_s", "tpot_p50_s")
 
 
@@ -78,7 +78,7 @@ class Confirmation:
     drift_note: str = ""
     #: passes of the workload run (``budget.confirm_repeats``); ``measured`` is each request's median over them
     passes: int = 1
-    #: metric -> error in percent of each CONFIRM_METRICS metric past the tolerance, as judged (the reason for the flag)
+    #: metric -> error in percent of each compared metric past the tolerance, as judged (the reason for the flag)
     flagged_on: Mapping[str, float] = field(default_factory=dict)
 
     @property
@@ -87,11 +87,12 @@ class Confirmation:
         return self.drift_action in (RESCALED, REPROFILED)
 
     def beyond(self, tolerance: float) -> dict[str, float]:
-        """Metric -> judged error (percent) of the CONFIRM_METRICS over ``tolerance`` (a fraction).
+        """Metric -> judged error (percent) of the compared metrics (``predicted``: CONFIRM_METRICS and
+        the objectives) over ``tolerance`` (a fraction).
 
         A NaN error (e.g. no TPOT of one-token outputs) is never over it.
         """
-        errs = {m: self.error_pct(m, corrected=self.judged_corrected) for m in CONFIRM_METRICS if m in self.predicted}
+        errs = {m: self.error_pct(m, corrected=self.judged_corrected) for m in self.predicted}
         return {m: e for m, e in errs.items() if abs(e) > tolerance * 100}
 
     def error_pct(self, metric: str, *, corrected: bool = False) -> float:

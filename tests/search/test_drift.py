@@ -5,6 +5,7 @@ reference probe alone, re-scaled by a drift under ``budget.drift_reprofile`` and
 the buckets profiled again past it (toy_npu: SIMULATED)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -243,3 +244,17 @@ def test_a_confirmation_is_judged_on_the_median_of_its_passes(tmp_path, ray_loca
     else:  # two clean passes of three: the median is the host as it usually is
         assert not row["flagged"] and pd.isna(row["flagged_on"]), row.to_dict()
         assert abs(row["e2e_p90_s_err_drift_corrected_%"]) < 5
+
+
+def test_a_confirmation_is_judged_on_the_objectives_too():
+    from lens.types import Candidate
+    from search.confirm import Confirmation
+
+    # every CONFIRM_METRICS metric agrees; the latency objective of a serving front (TTFT p90) does not
+    agree = {"throughput_tok_s": 100.0, "e2e_p90_s": 1.0, "ttft_p50_s": 0.01, "tpot_p50_s": 0.002}
+    c = Confirmation(Candidate(1, 2, (64,), (64,)), flagged=False, predicted={**agree, "ttft_p90_s": 0.015},
+                     measured={**agree, "ttft_p90_s": 0.010}, drift_action="reprofiled",
+                     reprofiled={**agree, "ttft_p90_s": 0.0105})
+    assert c.beyond(0.10) == {}  # judged on the side-by-side prediction: +5%
+    c = dataclasses.replace(c, drift_action="none")
+    assert c.beyond(0.10) == {"ttft_p90_s": pytest.approx(50.0)}  # as is: +50%
