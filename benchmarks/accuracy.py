@@ -165,8 +165,8 @@ def one_unit(runner, case: Case, batch: int, args, log) -> dict:
            "side note": dr.note}
     for name in ("before", "now", "rescaled", "side"):
         if name in pred:
-            s = stats((pred[name] - e2e) / e2e)
             err = (pred[name] - e2e) / e2e
+            s = stats(err)
             row.update({f"{name} mean %": s["mean"], f"{name} p90 %": s["p90"], f"{name} max %": s["max"],
                         f"{name} bias %": float(np.mean(err) * 100),
                         # the rms error the measurement's own noise does not explain: E[e^2] = model^2 + se^2

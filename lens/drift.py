@@ -45,13 +45,6 @@ class Reference:
     cached_times_s: tuple[float, ...] = ()
 
 
-def halves(probe: Probe) -> tuple[Probe, Probe]:
-    """A reference probe split in two runs of its repeats, one before and one after a measurement."""
-    first = (probe.repeats + 1) // 2
-    return (Probe(probe.bucket, probe.input_len, probe.output_len, first),
-            Probe(probe.bucket, probe.input_len, probe.output_len, max(probe.repeats - first, 1)))
-
-
 @dataclass(frozen=True)
 class Drift:
     """``host_drift`` and its noise: one standard error, from the repeats of both sides."""

@@ -351,10 +351,9 @@ def _prediction_error(space, cand, profiles, requests, e2e, drift, *, serving: b
     again = _predicted_e2e(space, cand, {**profiles, **reprofiled}, requests, serving=serving) if reprofiled else None
     if again is not None:
         out["prediction_e2e_mape_reprofiled_pct"] = mape(again)
-    for k in ("prediction_e2e_mape_reprofiled_pct", "prediction_e2e_mape_rescaled_pct"):
-        if k in out:
-            out["prediction_e2e_mape_drift_corrected_pct"] = out[k]
-            break
+    fixed = out.get("prediction_e2e_mape_reprofiled_pct", out.get("prediction_e2e_mape_rescaled_pct"))
+    if fixed is not None:
+        out["prediction_e2e_mape_drift_corrected_pct"] = fixed
     return out
 
 

@@ -77,16 +77,20 @@ def _cell(v) -> str:
     return "" if v is None or pd.isna(v) else fmt_s(v)
 
 
+def _as_is_and_corrected(r: dict, as_is: str, corrected: str, spec: str) -> str:
+    """A confirmation's error in column ``as_is`` and, when there is one, in ``corrected``: ``+11.5% / +2.0%``."""
+    fixed = r.get(corrected)
+    return f"{r[as_is]:{spec}}%" + ("" if fixed is None or pd.isna(fixed) else f" / {fixed:{spec}}%")
+
+
 def _errs(r: dict, metric: str) -> str:
-    """A confirmation's error on ``metric``, as is and (when there is one) drift-corrected: ``+11.5% / +2.0%``."""
-    fixed = r.get(f"{metric}_err_drift_corrected_%")
-    return f"{r[f'{metric}_err_%']:+.1f}%" + ("" if fixed is None or pd.isna(fixed) else f" / {fixed:+.1f}%")
+    """The error on ``metric``, as is and drift-corrected."""
+    return _as_is_and_corrected(r, f"{metric}_err_%", f"{metric}_err_drift_corrected_%", "+.1f")
 
 
 def _mape_cell(r: dict) -> str:
-    """A confirmation's per-request E2E error, as is and (when there is one) drift-corrected."""
-    fixed = r.get("e2e_request_mape_drift_corrected_%")
-    return f"{r['e2e_request_mape_%']:.1f}%" + ("" if fixed is None or pd.isna(fixed) else f" / {fixed:.1f}%")
+    """The per-request E2E error, as is and drift-corrected."""
+    return _as_is_and_corrected(r, "e2e_request_mape_%", "e2e_request_mape_drift_corrected_%", ".1f")
 
 
 def _verdict(r: dict) -> str:

@@ -126,10 +126,6 @@ class DriftOutcome:
     side_by_side: bool = False
 
     @property
-    def times_s(self) -> tuple[float, ...]:
-        return tuple(t for r in self.rounds_s for t in r)
-
-    @property
     def times_before_s(self) -> tuple[float, ...]:
         return self.rounds_s[0] if self.rounds_s else ()
 

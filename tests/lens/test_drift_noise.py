@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lens.drift import Drift, Reference, action, drift_of, halves
+from lens.drift import Drift, Reference, action, drift_of
 from lens.types import Probe
 
 
@@ -38,13 +38,6 @@ def test_a_profile_without_raw_runs_compares_with_its_time():
     ref = Reference(Probe(64, 1, 40, 4), 2.0)
     d = drift_of(ref, [2.4, 2.4, 2.4, 2.4])
     assert d.value == pytest.approx(1.2) and d.err == pytest.approx(0.0)
-
-
-def test_halves_split_the_repeats_before_and_after():
-    a, b = halves(Probe(64, 1, 40, 5))
-    assert (a.repeats, b.repeats) == (3, 2) and a.output_len == b.output_len == 40
-    a, b = halves(Probe(64, 1, 40, 1))
-    assert (a.repeats, b.repeats) == (1, 1)
 
 
 @pytest.mark.parametrize("drift, err, rescalable, expected", [
