@@ -11,9 +11,12 @@ For each (device, seed, batch): the unit is profiled by the method from before
 (``benchmarks/profiling_before.py``: medians of 3, L2 <= 128, raw-spread retries) and by
 lensopt's ``measure_unit``, each on a device of its own with the same seed (so each starts
 at the same point of the drift); then the workload runs once on that device, as a
-confirmation runs it, after a reference probe (``lens.drift``) for the drift-corrected
-figure. Errors: per-request E2E |predicted - measured| / measured (mean, p90 over the
-requests) and the throughput (total time) error, predicted vs measured.
+confirmation runs it: with rounds of the probes of the buckets it uses before and after it
+(``search.drift_check.checked``, ``budget.drift_check = "side-by-side"``; a bucket whose
+runs are not tight is run again after it). ``corrected`` is the prediction of lensopt's
+profiling from those probes, the one a confirmation is judged on. Errors: per-request E2E
+|predicted - measured| / measured (mean, p90 over the requests) and the throughput (total
+time) error, predicted vs measured.
 
 ``floor``: the same device and seed with no noise, no stragglers and no drift, profiled by
 lensopt and run the same way: the error left is the LENS model's own on this simulated
@@ -40,12 +43,12 @@ if str(ROOT) not in sys.path:
 from benchmarks.profiling_before import measure_before  # noqa: E402
 from lens import distributions  # noqa: E402
 from lens.compose import UnitTable, predict  # noqa: E402
-from lens.drift import host_drift, reference_probe  # noqa: E402
 from lens.types import Candidate, ModelShape, Target, Unit  # noqa: E402
 from lens.workload import fit_to  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.measure import measure_unit  # noqa: E402
-from spaces import ProfileSettings  # noqa: E402
+from search.drift_check import DriftCheck, checked  # noqa: E402
+from spaces import Budget, ProfileSettings  # noqa: E402
 
 MODEL = ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256)
 BUCKETS = (128, 256, 512, 1024, 2048, 4096)
@@ -85,19 +88,21 @@ def case(device: str, seed: int, batch: int, requests: int) -> dict:
         else:
             m = measure_unit(runner.target, tp=TP, batch=batch, buckets=BUCKETS, all_buckets=BUCKETS,
                              profile=ProfileSettings(), runner=runner)
-        settings = ProfileSettings()
-        ref = reference_probe(m.profiles, req.input_len, BUCKETS, policy="exclusive", repeats=settings.repeats)
-        drift = host_drift(ref, runner.profile(Unit(runner.target, TP, batch), [ref.probe]).runs[0].times_s)
-        run = runner.run_workload(cand, req)
         pred = predict(UnitTable.build(cand, m.profiles, policy="exclusive"), req)
+        # as a confirmation runs it: the probes of the buckets it uses side by side with the run
+        check = DriftCheck.build(runner.target, cand, req, m.profiles, budget=Budget(), profile=ProfileSettings(),
+                                 all_buckets=BUCKETS)
+        (run,), out = checked(runner, Unit(runner.target, TP, batch), check, [lambda: runner.run_workload(cand, req)])
         e = errors(pred, run)
         row.update({f"{method} mean %": e["mean"], f"{method} p90 %": e["p90"], f"{method} thr err %": e["thr"],
                     f"{method} hardware s": m.compile_s + m.run_s, f"{method} run s": m.run_s})
         if method == "now":
-            fixed = errors(pred_scaled(pred, drift), run)
-            row.update({"host_drift": drift, "now corrected mean %": fixed["mean"], "now corrected p90 %": fixed["p90"],
-                        "now corrected thr err %": fixed["thr"],
-                        "now excess %": 100 * float(np.mean([p.excess for p in m.profiles.values()]))})
+            fixed = errors(predict(UnitTable.build(cand, {**m.profiles, **out.profiles}, policy="exclusive"), req)
+                           if out.profiles else pred_scaled(pred, out.drift.value), run)
+            row.update({"host_drift": out.drift.value, "now corrected mean %": fixed["mean"],
+                        "now corrected p90 %": fixed["p90"], "now corrected thr err %": fixed["thr"],
+                        "now excess %": 100 * float(np.mean([p.excess for p in m.profiles.values()])),
+                        "check hardware s": out.hardware_s, "buckets run again": len(out.run_again)})
     return row
 
 
@@ -140,10 +145,12 @@ def main(argv=None) -> int:
             "|thr| mean %": g["before thr err %"].abs().mean(), "|thr| max %": g["before thr err %"].abs().max(),
             "now: mean %": g["now mean %"].mean(), "p90 % ": g["now p90 %"].mean(),
             "|thr| mean % ": g["now thr err %"].abs().mean(), "|thr| max % ": g["now thr err %"].abs().max(),
-            "corrected: mean %": g["now corrected mean %"].mean(),
+            "corrected: mean %": g["now corrected mean %"].mean(), "p90 %  ": g["now corrected p90 %"].mean(),
+            "|thr| mean %  ": g["now corrected thr err %"].abs().mean(),
             "|thr| max %  ": g["now corrected thr err %"].abs().max(),
             "floor: mean %": g["floor mean %"].mean(), "thr %": g["floor thr err %"].mean(),
             "hardware s before": g["before hardware s"].sum(), "hardware s now": g["now hardware s"].sum(),
+            "check s": g["check hardware s"].sum(), "run again": g["buckets run again"].sum(),
         })
     print("\nSummary (means over the cases; throughput error = (predicted - measured) / measured throughput):")
     print(pd.DataFrame(summary).to_string(index=False, float_format=f2))

@@ -369,10 +369,15 @@ def _drift_extra(dr: DriftOutcome, check: DriftCheck, tolerance: float) -> dict:
                                "times_by_round_s": [list(r) for r in dr.rounds_s]}}
     if dr.profiles:
         out["reprofiled"] = {"buckets": sorted(dr.profiles), "hardware_s": dr.reprofile_s,
-                             "side_by_side": dr.side_by_side}
+                             "side_by_side": dr.side_by_side, "run_again": list(dr.run_again)}
     if dr.note:
         out["drift_note"] = dr.note
     return out
+
+
+def _again(dr: DriftOutcome) -> str:
+    """What was run again of the side-by-side probes, for the drift line ("" when nothing)."""
+    return f", bucket(s) {', '.join(map(str, dr.run_again))} run again until tight" if dr.run_again else ""
 
 
 def _drift_line(dr: DriftOutcome | None, check: DriftCheck | None, budget) -> str:
@@ -386,8 +391,8 @@ def _drift_line(dr: DriftOutcome | None, check: DriftCheck | None, budget) -> st
         counts = ("beyond its noise and the tolerance" if d.significant(budget.drift_tolerance)
                   else f"within its noise or the {budget.drift_tolerance:.0%} tolerance")
         verdict = (f"{counts}; the runs are judged on the prediction from bucket(s) {fresh} profiled side by side "
-                   f"with them ({dr.reprofile_s:.3g} hardware-s; the cache keeps its profiles): the drift-corrected "
-                   f"one")
+                   f"with them ({dr.reprofile_s:.3g} hardware-s{_again(dr)}; the cache keeps its profiles): the "
+                   f"drift-corrected one")
     elif dr.action == REPROFILED:
         verdict = (f"beyond {budget.drift_reprofile:.0%}: bucket(s) {fresh} were "
                    f"profiled again ({dr.reprofile_s:.3g} hardware-s; the cache keeps its profiles) and the "

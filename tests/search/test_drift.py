@@ -258,3 +258,67 @@ def test_a_confirmation_is_judged_on_the_objectives_too():
     assert c.beyond(0.10) == {}  # judged on the side-by-side prediction: +5%
     c = dataclasses.replace(c, drift_action="none")
     assert c.beyond(0.10) == {"ttft_p90_s": pytest.approx(50.0)}  # as is: +50%
+
+
+class Scripted:
+    """Probe times by T = batch * TTFT_b + (L - 1) * TBT_b with a little deterministic jitter; in the first
+    ``straggled`` calls, the first run of bucket 128's short probe straggles (1.6x)."""
+
+    name, simulated = "scripted", True
+    TRUE = {64: (0.010, 0.004), 128: (0.020, 0.005)}  # bucket -> (TTFT_b, TBT_b)
+
+    def __init__(self, straggled: int = 0):
+        self.calls, self.straggled, self.k = 0, straggled, 0
+
+    def profile(self, unit, probes):
+        from lens.types import ProbeRun, ProfileResult
+
+        self.calls += 1
+        runs = []
+        for p in probes:
+            ttft, tbt = self.TRUE[p.bucket]
+            times = []
+            for i in range(p.repeats):
+                self.k += 1
+                t = (unit.batch * ttft + (p.output_len - 1) * tbt) * (1 + 0.004 * ((self.k * 7) % 5 - 2))
+                short = p.output_len == min(q.output_len for q in probes if q.bucket == p.bucket)
+                if i == 0 and p.bucket == 128 and short and self.calls <= self.straggled:
+                    t *= 1.6
+                times.append(t)
+            runs.append(ProbeRun(p, tuple(times)))
+        return ProfileResult(tuple(runs), 0.0, sum(sum(r.times_s) for r in runs), "scripted", simulated=True)
+
+
+def test_a_side_by_side_bucket_that_straggled_is_run_again_until_tight():
+    """Stragglers in the probe rounds around a measurement would judge the work on a slope that is off;
+    as profiling does, such a bucket is run again (right after the work) until its TTFT_b / TBT_b are tight."""
+    import numpy as np
+
+    from lens.probes import plan_probes, solve
+    from lens.types import Candidate, ModelShape, Requests, Target, Unit
+    from search.drift_check import DriftCheck, checked
+    from spaces import Budget, ProfileSettings
+
+    target = Target(name="t", runner="sim", hardware="inf2", bucket_policy="exclusive", dtype="bfloat16",
+                    model=ModelShape(layers=2, hidden=64, heads=2, kv_heads=1, intermediate=128, vocab=256))
+    unit, buckets = Unit(target, 1, 2), (64, 128)
+    cached = solve(Scripted().profile(unit, plan_probes(buckets, policy="exclusive", max_output=32, repeats=5)).runs,
+                   batch=2, max_spread=0.05)
+    assert all(p.accepted for p in cached.values())
+    req = Requests(np.array([70, 90, 100]), np.array([8, 12, 5]))  # prompts and contexts in bucket 128 only
+    ttft, tbt = Scripted.TRUE[128]
+    got = {}
+    for attempts in (1, 3):
+        check = DriftCheck.build(target, Candidate(1, 2, buckets, buckets), req, cached, budget=Budget(),
+                                 profile=ProfileSettings(attempts=attempts), all_buckets=buckets)
+        assert check.buckets == (128,)
+        runner = Scripted(straggled=1)  # a straggler in the first of four rounds
+        out, dr = checked(runner, unit, check, [lambda: "pass"] * 3)
+        assert out == ["pass"] * 3 and dr.side_by_side and dr.action == "reprofiled"
+        p = dr.profiles[128]
+        got[attempts] = (dr, runner.calls, p, max(abs(p.ttft_s / ttft - 1), abs(p.tbt_s / tbt - 1)))
+    dr, calls, p, err = got[1]  # judged on the runs as they came: not tight, and off
+    assert dr.run_again == () and calls == 4 and not p.accepted and err > 0.08
+    dr, calls, p, err = got[3]  # run again after the work: tight, and closer by half at least
+    assert dr.run_again == (128,) and calls > 4 and p.accepted and err < got[1][3] / 2
+    assert dr.reprofile_s > got[1][0].reprofile_s  # what the runs again cost is counted
