@@ -377,7 +377,7 @@ def _drift_extra(dr: DriftOutcome, check: DriftCheck, tolerance: float) -> dict:
 
 def _again(dr: DriftOutcome) -> str:
     """What was run again of the side-by-side probes, for the drift line ("" when nothing)."""
-    return f", bucket(s) {', '.join(map(str, dr.run_again))} run again until tight" if dr.run_again else ""
+    return f", bucket(s) {', '.join(map(str, dr.run_again))} run again after them, not being tight" if dr.run_again else ""
 
 
 def _drift_line(dr: DriftOutcome | None, check: DriftCheck | None, budget) -> str:

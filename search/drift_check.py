@@ -16,7 +16,9 @@ window (``lens.drift``):
   profile taken minutes apart nor one factor (a reference probe's drift) stands for the
   host during the work (docs/noise.md, measured). A bucket whose runs are not tight (derived
   spreads over ``profile.max_spread``) is run again right after the work, as profiling
-  does (``DriftOutcome.run_again``). Only when those runs cannot be solved is
+  does, once: as many runs again as its rounds gave, so that the runs of the work's own
+  window stay at least half of them (``DriftOutcome.run_again``). Only when those runs
+  cannot be solved is
   the drift acted on as under ``"reference"`` (re-scaled when it counts), with the reason.
 - ``"reference"``: the rounds run the reference probe alone (cheaper); past
   ``budget.drift_reprofile`` the buckets are profiled again after the work
@@ -179,18 +181,17 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
                                         times_s=tuple(times[key(r.probe)])) for r in last.runs]
 
         # a bucket whose runs are not tight (a straggler among a few) is run again right after the work, its
-        # runs doubled each time, as profiling measures such a bucket again (profile.attempts in all): judged
-        # on a few runs that straggled, the work would be judged on a slope 10-20% off
-        again: set[int] = set()
-        for _ in range(check.profile.attempts - 1):
+        # runs doubled, as profiling measures such a bucket again (unless profile.attempts = 1): judged on a
+        # few runs that straggled, the work would be judged on a slope 10-20% off. Once only: the runs from
+        # after the work describe a later host, and stay no more than half of the bucket's
+        again: tuple[int, ...] = ()
+        if check.profile.attempts > 1:
             fits = fit(pooled(), batch=unit.batch, prefill=unit.target.prefill)
-            loose = {b for b, f in fits.items() if (v := assess(f, max_spread=check.profile.max_spread))
-                     and v[0] == "noisy"}
-            if not loose:
-                break
-            again |= loose
+            again = tuple(sorted(b for b, f in fits.items()
+                                 if (v := assess(f, max_spread=check.profile.max_spread)) and v[0] == "noisy"))
+        if again:
             more = runner.profile(unit, [dataclasses.replace(p, repeats=len(times[key(p)])) for p in check.probes
-                                         if p.bucket in loose])
+                                         if p.bucket in again])
             hw += more.compile_s + more.run_s
             for r in more.runs:
                 times[key(r.probe)].extend(r.times_s)
@@ -198,8 +199,7 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
         # judged on the profiles taken with the work; failing those, as the reference alone would be
         what = REPROFILED if fresh else action(d, tolerance=check.tolerance, reprofile_above=float("inf"),
                                                 rescalable=check.rescalable)
-        return out, DriftOutcome(d, what, tuple(rounds), hw, fresh, hw if fresh else 0.0, note, True,
-                                 tuple(sorted(again)))
+        return out, DriftOutcome(d, what, tuple(rounds), hw, fresh, hw if fresh else 0.0, note, True, again)
     what = action(d, tolerance=check.tolerance, reprofile_above=check.reprofile_above, rescalable=check.rescalable)
     if what != REPROFILED:
         return out, DriftOutcome(d, what, tuple(rounds), hw)
