@@ -375,11 +375,6 @@ def _drift_extra(dr: DriftOutcome, check: DriftCheck, tolerance: float) -> dict:
     return out
 
 
-def _again(dr: DriftOutcome) -> str:
-    """What was run again of the side-by-side probes, for the drift line ("" when nothing)."""
-    return f", bucket(s) {', '.join(map(str, dr.run_again))} run again after them, not being tight" if dr.run_again else ""
-
-
 def _drift_line(dr: DriftOutcome | None, check: DriftCheck | None, budget) -> str:
     if dr is None:
         return ("host_drift: unknown (no cached profile of a bucket these requests use; `lensopt profile` the unit "
@@ -388,10 +383,11 @@ def _drift_line(dr: DriftOutcome | None, check: DriftCheck | None, budget) -> st
     how = "slower" if d.value > 1 else "faster"
     fresh = ", ".join(map(str, sorted(dr.profiles)))
     if dr.action == REPROFILED and dr.side_by_side:
+        again = f", {dr.run_again_said}" if dr.run_again else ""
         counts = ("beyond its noise and the tolerance" if d.significant(budget.drift_tolerance)
                   else f"within its noise or the {budget.drift_tolerance:.0%} tolerance")
         verdict = (f"{counts}; the runs are judged on the prediction from bucket(s) {fresh} profiled side by side "
-                   f"with them ({dr.reprofile_s:.3g} hardware-s{_again(dr)}; the cache keeps its profiles): the "
+                   f"with them ({dr.reprofile_s:.3g} hardware-s{again}; the cache keeps its profiles): the "
                    f"drift-corrected one")
     elif dr.action == REPROFILED:
         verdict = (f"beyond {budget.drift_reprofile:.0%}: bucket(s) {fresh} were "

@@ -230,7 +230,7 @@ def _drift_said(dr: DriftOutcome, check: DriftCheck) -> str:
     if dr.action == REPROFILED:
         how = "profiled side by side with the run" if dr.side_by_side else "profiled again"
         if dr.run_again:
-            how += f" (bucket(s) {', '.join(map(str, dr.run_again))} run again after it, not being tight)"
+            how += f" ({dr.run_again_said})"
         return (f"{ref}; bucket(s) {', '.join(map(str, sorted(dr.profiles)))} were {how} "
                 f"({dr.reprofile_s:.1f} hardware-s, not stored) and the prediction from them was judged")
     return f"{ref}; the prediction was re-scaled by it before it was judged" + (f" ({dr.note})" if dr.note else "")

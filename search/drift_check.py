@@ -38,7 +38,7 @@ from lens.buckets import decode_contexts, used_buckets
 from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Reference, action, drift_of,
                         reference_probe)
 from lens.errors import one_line
-from lens.probes import NoisyMeasurement, assess, fit, plan_probes, to_profile
+from lens.probes import BucketFit, NoisyMeasurement, assess, fit, plan_probes, to_profile
 from lens.types import BucketProfile, Candidate, Probe, Requests, Target, Unit
 from runners import Runner
 from spaces import Budget, ProfileSettings, Space
@@ -132,6 +132,12 @@ class DriftOutcome:
     run_again: tuple[int, ...] = ()
 
     @property
+    def run_again_said(self) -> str:
+        """The buckets run again, for a log line ("" when none were)."""
+        return (f"bucket(s) {', '.join(map(str, self.run_again))} run again after the work, not being tight"
+                if self.run_again else "")
+
+    @property
     def times_before_s(self) -> tuple[float, ...]:
         return self.rounds_s[0] if self.rounds_s else ()
 
@@ -184,9 +190,9 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
         # runs doubled, as profiling measures such a bucket again (unless profile.attempts = 1): judged on a
         # few runs that straggled, the work would be judged on a slope 10-20% off. Once only: the runs from
         # after the work describe a later host, and stay no more than half of the bucket's
+        fits = fit(pooled(), batch=unit.batch, prefill=unit.target.prefill)
         again: tuple[int, ...] = ()
         if check.profile.attempts > 1:
-            fits = fit(pooled(), batch=unit.batch, prefill=unit.target.prefill)
             again = tuple(sorted(b for b, f in fits.items()
                                  if (v := assess(f, max_spread=check.profile.max_spread)) and v[0] == "noisy"))
         if again:
@@ -195,7 +201,8 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
             hw += more.compile_s + more.run_s
             for r in more.runs:
                 times[key(r.probe)].extend(r.times_s)
-        fresh, note = _solved(pooled(), unit, check, runner.name, last)
+            fits = fit(pooled(), batch=unit.batch, prefill=unit.target.prefill)
+        fresh, note = _solved(fits, check, runner.name, last)
         # judged on the profiles taken with the work; failing those, as the reference alone would be
         what = REPROFILED if fresh else action(d, tolerance=check.tolerance, reprofile_above=float("inf"),
                                                 rescalable=check.rescalable)
@@ -213,9 +220,9 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
     return out, DriftOutcome(d, REPROFILED, tuple(rounds), hw + spent, dict(m.profiles), spent)
 
 
-def _solved(runs, unit: Unit, check: DriftCheck, name: str, res) -> tuple[dict[int, BucketProfile], str]:
-    """The side-by-side runs solved as profiles, or none and why (a bucket whose runs cannot be solved)."""
-    fits = fit(runs, batch=unit.batch, prefill=unit.target.prefill)
+def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
+            res) -> tuple[dict[int, BucketProfile], str]:
+    """The side-by-side fits as profiles, or none and why (a bucket whose runs cannot be solved)."""
     bad = [why for f in fits.values() if (why := f.impossible())]
     if bad:
         return {}, f"the side-by-side probes give no profile: {bad[0]}"
