@@ -251,8 +251,10 @@ class Evaluator:
             return Evaluation(c, infeasible="objective is undefined for this workload (e.g. TPOT of one-token outputs)")
         bounds = {}
         if ends is not None:
+            # the band holds the point itself too: a queueing percentile need not move monotonically with
+            # the costs (one request admitted a step earlier or later moves a p90 either way)
             lo, hi = ends
-            bounds = {k: (min(lo[k], hi[k]), max(lo[k], hi[k])) for k in metrics
+            bounds = {k: (min(lo[k], hi[k], metrics[k]), max(lo[k], hi[k], metrics[k])) for k in metrics
                       if isinstance(metrics[k], float) and k in lo and k in hi}
         return Evaluation(c, metrics=metrics, source=source, prediction=pred, bounds=bounds)
 
