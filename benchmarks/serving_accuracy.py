@@ -57,6 +57,7 @@ from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E4
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.drift_check import DriftCheck, checked  # noqa: E402
+from search.measure import measure_row_cost  # noqa: E402
 from spaces import Budget, ProfileSettings  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
@@ -149,6 +150,11 @@ def measure(args, runner, target, buckets, loads, fracs, sched) -> list[dict]:
         res = runner.profile(Unit(target, tp, batch), plan_probes(buckets, policy=target.bucket_policy,
                                                                   max_output=128, repeats=args.profile_repeats))
         profiles = solve(res.runs, batch=batch, simulated=res.simulated)
+        # the host's cost per live row (lens.rows), measured as lensopt's profiling does: free slots pay none
+        row, _ = measure_row_cost(runner, target, tp, batch, profiles[min(profiles)], buckets)
+        if row is not None:
+            profiles = {b: dataclasses.replace(p, row_s=row.value) for b, p in profiles.items()}
+            print(f"{target.hardware} tp{tp} b{batch}: host cost of a row {row.said()}", file=sys.stderr)
         cand = Candidate(tp, batch, buckets, buckets)
         table = UnitTable.build(cand, profiles, policy=target.bucket_policy)
         serving = dataclasses.replace(target, serving="continuous")

@@ -20,9 +20,10 @@ time) error, predicted vs measured.
 
 ``floor``: the same device and seed with no noise, no stragglers and no drift, profiled by
 lensopt and run the same way: the error left is the LENS model's own on this simulated
-stack (its host costs per live row, which the full-batch probes cannot see, make large
-batches run faster than the probes say), the part of each row that no handling of noise
-can remove.
+stack (real-context attention, KV copies, a host cost per live row measured by
+``lens.rows`` and composed, but linear in the rows as this stack's is), the part of each
+row that no handling of noise can remove. ``hardware s now`` includes the row-cost
+workload of every unit.
 
     .venv/bin/python benchmarks/stragglers.py [--quick] [--seeds 8] [--csv out.csv]
 """

@@ -16,7 +16,9 @@ Then the batch decodes:
 
 - ``static`` (NxD Inference default): the whole batch is one shape; at decode step t the
   token-generation bucket is the one of the longest context among the requests still
-  generating; finished requests ride along as padding until the longest output ends.
+  generating; finished requests ride along as padding until the longest output ends. The
+  host's work per live row (``UnitTable.row_s``, ``lens.rows``) is not done for them: a
+  step with r rows still generating costs TBT_b - (B - r) row_s.
 - ``ragged`` (TPU ragged paged attention): each request walks its own buckets and pays
   TBT_b / B per step, summed over the requests still generating.
 """
@@ -53,6 +55,9 @@ class UnitTable:
     #: the +- of each value (one standard error from the profile's repeats; zeros when unknown)
     ttft_err_s: np.ndarray | None = None
     tbt_err_s: np.ndarray | None = None
+    #: host seconds per live row per decode step, counted in TBT_b for a full batch (``lens.rows``): a step
+    #: with r rows still generating costs TBT_b - (batch - r) row_s
+    row_s: float = 0.0
 
     @classmethod
     def build(
@@ -84,6 +89,7 @@ class UnitTable:
             prefill=prefill,
             ttft_err_s=np.asarray([profiles[b].ttft_err_s for b in ctx], dtype=np.float64),
             tbt_err_s=np.asarray([profiles[b].tbt_err_s for b in tkg], dtype=np.float64),
+            row_s=row_cost_of([profiles[b] for b in tkg]),
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":
@@ -119,6 +125,15 @@ class Prediction:
     @property
     def total_s(self) -> float:
         return float(self.batch_s.sum())
+
+
+def row_cost_of(profiles: list[BucketProfile]) -> float:
+    """The row cost of a unit from its token-generation profiles: their median (one measurement
+    gives them all the same; buckets measured at different times may differ)."""
+    vals = [p.row_s for p in profiles]
+    if not vals or max(vals) <= 0.0:
+        return 0.0
+    return float(np.median(vals))
 
 
 def check_fit(req: Requests, table: UnitTable) -> None:
@@ -229,6 +244,8 @@ def _static_decode(table: UnitTable, lin: np.ndarray, lout: np.ndarray) -> tuple
     prev = np.concatenate([np.ones((o.shape[0], 1), np.int64), o[:, :-1]], axis=1)
     # segment j covers steps t in (prev_j - 1, o_j - 1]: contexts (M_j + prev_j - 1, M_j + o_j - 1]
     seg = table.cum(m + o - 1) - table.cum(m + prev - 1)
+    if table.row_s > 0.0:  # segment j has the j rows of shorter output (padding included) no longer live
+        seg = seg - table.row_s * np.arange(o.shape[1]) * (o - prev)
     sorted_dec = np.cumsum(seg, axis=1)
     slots = table.cum(m + o - 1, table.tkg_buckets) - table.cum(m + prev - 1, table.tkg_buckets)
     dec = np.empty_like(sorted_dec)

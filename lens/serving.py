@@ -6,7 +6,8 @@ emitting its first token; with the target's ``prefill = "batched"``, those waiti
 iteration begins in one call in the bucket of their longest prompt, every first token at
 its end), then runs one decode step of the whole batch in the
 token-generation bucket of the longest live context, at TBT_b whatever the number of live
-slots. A slot frees when its request ends; an idle device waits for the next arrival.
+slots, less the host's per-row work for the free ones (``UnitTable.row_s``, ``lens.rows``).
+A slot frees when its request ends; an idle device waits for the next arrival.
 
 Between two events (an admission, a completion) the live set is fixed and the longest
 context grows by one per step, so a run of k steps costs C(c + k) - C(c) with C the prefix
@@ -97,7 +98,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         arr[order], lin[order], lout[order], ci[order], table.ttft_s, cum,
         _context_prefix(table, table.tkg_buckets.astype(float)),
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
-        batched=table.prefill == "batched",
+        batched=table.prefill == "batched", row_s=table.row_s,
     )
     out = [np.empty(n) for _ in range(3)]
     for dst, src in zip(out, (admit, first, finish)):
@@ -116,11 +117,13 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
     )
 
 
-def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool):
+def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
+                row_s: float = 0.0):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
     ``ci``: each request's context-encoding bucket index; ``ttft``: TTFT_b per bucket (one
-    request's prefill, or with ``batched`` one call of the whole compiled batch).
+    request's prefill, or with ``batched`` one call of the whole compiled batch); ``row_s``: the
+    host's cost per live row of a step, counted in TBT_b, not paid for a free slot.
     Returns per-request admission, first-token and last-token times, the number of decode
     steps, the busy seconds, the KV positions the decode steps computed (for padding) and
     the bucket index of every batched prefill call.
@@ -190,9 +193,11 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
             if wait <= _EPS:
                 k = 1
             else:
+                # (steps made cheaper by the free slots' row cost take more of them to reach the
+                # arrival: the next pass of the loop runs the rest)
                 x = int(searchsorted(cum, cum[c] + wait, side="left"))
                 k = max(1, min(k, x - c))
-        dt = float(cum[c + k] - cum[c])
+        dt = float(cum[c + k] - cum[c]) - k * free * row_s
         t += dt
         busy += dt
         slot_tokens += float(cum_slots[c + k] - cum_slots[c])

@@ -247,6 +247,8 @@ class BucketProfile:
     excess: float = 0.0
     #: False when the derived spreads stayed over profile.max_spread after every attempt
     accepted: bool = True
+    #: the unit's host seconds per live row per decode step, counted in tbt_s for a full batch (lens.rows; 0: none seen)
+    row_s: float = 0.0
 
     @property
     def rel_err(self) -> float:

@@ -106,8 +106,11 @@ def cmd_profile(args) -> int:
             "profiles": {str(b): {"ttft_s": p.ttft_s, "tbt_s": p.tbt_s, "ttft_err_s": p.ttft_err_s,
                                   "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
                                   "l1": p.l1, "l2": p.l2, "repeats": p.repeats, "spread": p.spread,
-                                  "source": p.source, "run_s": out.bucket_s.get(b)}
+                                  "source": p.source, "run_s": out.bucket_s.get(b), "row_s": p.row_s}
                          for b, p in profiles.items()},
+            "row_cost": None if out.rows is None else {
+                "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,
+                "run_s": out.rows_s},
             "noisy": {str(b): why for b, why in out.noisy.items()},
             "notes": {str(b): why for b, why in out.notes.items()},
         })
@@ -124,6 +127,9 @@ def cmd_profile(args) -> int:
     print(f"measured {len(out.measured)} bucket(s), reused {len(out.reused)} from the cache; "
           f"hardware seconds{sim}: compile {out.compile_s:.2f} s + run {out.run_s:.2f} s "
           f"(run time per bucket above: its timed runs, every attempt)")
+    if out.rows is not None:
+        print(f"host cost of a row: {out.rows.said()}; a step with fewer rows generating costs that much less "
+              f"per row (measured in bucket {min(out.measured)}: {out.rows_s:.2f} s of runs{sim})")
     for b, why in sorted(out.notes.items()):
         print(f"bucket {b}: {why}")
     for why in out.noisy.values():

@@ -38,6 +38,7 @@ from lens.buckets import decode_contexts, used_buckets
 from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Reference, action, drift_of,
                         reference_probe)
 from lens.errors import one_line
+from lens.compose import row_cost_of
 from lens.probes import BucketFit, NoisyMeasurement, assess, fit, plan_probes, to_profile
 from lens.types import BucketProfile, Candidate, Probe, Requests, Target, Unit
 from runners import Runner
@@ -65,6 +66,9 @@ class DriftCheck:
     side_by_side: bool = True
     #: the probes the rounds run, each with its timed runs over all rounds (the reference probe among them)
     probes: tuple[Probe, ...] = ()
+    #: the unit's host cost per live row from its cached profiles (``lens.rows``): the rounds' probes keep
+    #: every row live and cannot see it, so the profiles taken side by side carry it over
+    row_s: float = 0.0
 
     @classmethod
     def of(cls, space: Space, cand: Candidate, requests: Requests,
@@ -89,7 +93,7 @@ class DriftCheck:
         probes = _bucket_probes(used, profiles, all_buckets, policy, profile.max_output, least) if side \
             else (dataclasses.replace(ref.probe, repeats=least),)
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
-                   all_buckets, profile, side, probes)
+                   all_buckets, profile, side, probes, row_cost_of([profiles[b] for b in used if b in profiles]))
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
@@ -226,5 +230,6 @@ def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
     bad = [why for f in fits.values() if (why := f.impossible())]
     if bad:
         return {}, f"the side-by-side probes give no profile: {bad[0]}"
-    return {b: to_profile(f, accepted=assess(f, max_spread=check.profile.max_spread) is None, runner=name,
-                          host=res.host, simulated=res.simulated) for b, f in fits.items()}, ""
+    return {b: dataclasses.replace(
+        to_profile(f, accepted=assess(f, max_spread=check.profile.max_spread) is None, runner=name, host=res.host,
+                   simulated=res.simulated), row_s=check.row_s) for b, f in fits.items()}, ""

@@ -21,18 +21,24 @@ for the search); the caller stores what it returns, whole, in one transaction.
 5. A bucket that stays impossible to solve fails the unit (``NoisyMeasurement``: never a
    negative TBT_b stored); one that stays noisy is kept with ``accepted = False`` and
    its spreads, so that predictions from it carry a wide interval.
+6. The host's cost per live row of a decode step (``lens.rows``): one workload of pairs of
+   a full and a one-row batch in the smallest bucket measured; kept in every profile of the
+   measurement (``row_s``). A runner that cannot run it leaves 0, with the reason in the
+   cost's note (``UnitMeasurement.rows``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from lens import rows as row_cost
 from lens.errors import RunnerError, UserError
 from lens.noise import ESTIMATOR
 from lens.probes import BucketFit, NoisyMeasurement, assess, check_probe, fit, plan_probes, probe_window, to_profile
-from lens.types import BucketProfile, Probe, ProbeRun, Target, Unit
+from lens.types import BucketProfile, Candidate, Probe, ProbeRun, Target, Unit
 from runners import Runner, get_runner
 from spaces import ProfileSettings
 
@@ -68,6 +74,10 @@ class UnitMeasurement:
     bucket_s: dict = field(default_factory=dict)
     #: bucket -> what was done beyond the first measurement, and why
     notes: dict = field(default_factory=dict)
+    #: the host's cost per live row of a decode step (lens.rows), measured in the smallest bucket; None when
+    #: not measured (a batch of one, ragged batching), and its timed run seconds (in run_s, as bucket_s are)
+    rows: row_cost.RowCost | None = None
+    rows_s: float = 0.0
 
     @property
     def hardware_s(self) -> float:
@@ -250,11 +260,35 @@ def measure_unit(
     now = time.time()
     profiles = {b: to_profile(fits[b], accepted=verdict[b] is None, runner=runner.name, host=result.host,
                               simulated=result.simulated, measured_at=now) for b in want}
+    rows, spent = measure_row_cost(runner, target, tp, batch, profiles[want[0]], want)
+    compile_s, run_s = compile_s + spent[0], run_s + spent[1]
+    if rows is not None:
+        profiles = {b: dataclasses.replace(p, row_s=rows.value) for b, p in profiles.items()}
     noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict[b]}
     return UnitMeasurement(
         tp=tp, batch=batch, profiles=profiles, compile_s=compile_s, run_s=run_s, host=result.host,
         versions=dict(result.versions), simulated=result.simulated, started_at=started, ended_at=time.time(),
         noisy=noisy, attempts=attempt, bucket_s={b: runs.cost.get(b, 0.0) for b in want},
-        notes={b: "; ".join(v) for b, v in notes.items()},
+        notes={b: "; ".join(v) for b, v in notes.items()}, rows=rows, rows_s=spent[1],
     )
 
+
+def measure_row_cost(runner: Runner, target: Target, tp: int, batch: int, p: BucketProfile,
+                     buckets: Sequence[int]) -> tuple[row_cost.RowCost | None, tuple[float, float]]:
+    """The unit's row cost measured in bucket ``p`` (lens.rows), and its (compile, run) seconds.
+
+    ``buckets``: those the unit was just profiled with, so that the workload runs on what the
+    probes ran on (a vLLM engine is sized by its largest bucket: another set starts another).
+    None (nothing measured) for a batch of one, a ragged-batching target (each request pays its
+    own share of a step already: not the static batch the cost is composed into) or a bucket
+    whose window has no decode step.
+    """
+    if batch < 2 or target.batching != "static" or row_cost.steps_for(p) < 1:
+        return None, (0.0, 0.0)
+    try:
+        bk = tuple(sorted(buckets))
+        run = runner.run_workload(Candidate(tp, batch, bk, bk), row_cost.workload(p, batch))
+    except RunnerError as exc:  # the profiles stand without it
+        return row_cost.RowCost(0.0, 0.0, 0.0, f"not measured ({exc})"), (0.0, 0.0)
+    full, one = row_cost.decode_times(run.ttft_s, run.e2e_s, batch)
+    return row_cost.solve(full, one, p=p, batch=batch), (run.compile_s, run.run_s)

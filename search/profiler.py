@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from lens.errors import LensoptError, UnitCannotRun, UserError, one_line
+from lens.rows import RowCost
 from lens.types import BucketProfile, Target, Unit
 from runners import Runner
 from spaces import ProfileSettings, Space
@@ -61,6 +62,9 @@ class ProfileOutcome:
     #: timed seconds of each measured bucket's runs, and what was done beyond its first measurement
     bucket_s: dict = field(default_factory=dict)
     notes: dict = field(default_factory=dict)
+    #: the host's cost per live row measured with them (lens.rows; None: not measured) and its timed run seconds
+    rows: RowCost | None = None
+    rows_s: float = 0.0
 
 
 class LeaseKeeper:
@@ -155,7 +159,7 @@ def profile_missing(
     return ProfileOutcome(
         measured=tuple(missing), reused=reused, compile_s=m.compile_s, run_s=m.run_s,
         wall_s=time.perf_counter() - t0, simulated=m.simulated, noisy=dict(m.noisy), waited_s=waited,
-        bucket_s=dict(m.bucket_s), notes=dict(m.notes),
+        bucket_s=dict(m.bucket_s), notes=dict(m.notes), rows=m.rows, rows_s=m.rows_s,
     )
 
 

@@ -156,6 +156,7 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "source": _source,
         "ttft_err_s": f, "tbt_err_s": f, "excess": lambda v: as_ratio(v, text=text),
         "accepted": lambda v: _bool(v, text=text),
+        "row_s": f,
     }
 
 
@@ -190,6 +191,7 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "repeats": p.repeats, "spread": p.spread, "runner": p.runner, "host": p.host,
         "measured_at": p.measured_at, "simulated": p.simulated, "source": p.source,
         "ttft_err_s": p.ttft_err_s, "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
+        "row_s": p.row_s,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -213,7 +215,7 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         raw_t2=tuple(float(x) for x in json.loads(r["raw_t2"])),
         source=r["source"],
         ttft_err_s=float(r["ttft_err_s"]), tbt_err_s=float(r["tbt_err_s"]), excess=float(r["excess"]),
-        accepted=bool(r["accepted"]),
+        accepted=bool(r["accepted"]), row_s=float(r["row_s"]),
     )
 
 

@@ -14,6 +14,8 @@ A file of an older schema is brought to :data:`SCHEMA_VERSION` on open by the st
   error bootstrapped over its repeats), the unit's expected slow-down counted in it
   (``excess``) and whether it was ``accepted``; older profiles get their spreads from the
   raw repeats they kept (``store.migrate``).
+- schema 4: the unit's host seconds per live row of a decode step (``row_s``, ``lens.rows``);
+  older profiles get 0 (none seen).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from typing import Callable
 #: "LENS" in ASCII: marks an SQLite file as a lensopt profile cache
 APPLICATION_ID = 0x4C454E53
 #: the schema this code reads and writes (``PRAGMA user_version``)
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: the first 16 bytes of every SQLite database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -39,16 +41,17 @@ UNIT_COLUMNS = (
 PROFILE_COLUMNS = (
     "fingerprint", "tp", "batch", "bucket", "ttft_s", "tbt_s", "input_len", "l1", "l2",
     "t1_s", "t2_s", "raw_t1", "raw_t2", "repeats", "spread", "runner", "host",
-    "measured_at", "simulated", "source", "ttft_err_s", "tbt_err_s", "excess", "accepted",
+    "measured_at", "simulated", "source", "ttft_err_s", "tbt_err_s", "excess", "accepted", "row_s",
 )
 #: the columns each schema version added at the end of ``profiles`` (its migration adds them)
-ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted")}
+ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted"), 4: ("row_s",)}
 #: the primary key of a profile: the first columns of :data:`PROFILE_COLUMNS`
 PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
 #: integer and real columns of ``profiles``; ``simulated`` is 0/1, the rest text
 #: (``raw_t1``/``raw_t2`` are JSON lists of seconds)
 INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats")
-FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at", "ttft_err_s", "tbt_err_s", "excess")
+FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at", "ttft_err_s", "tbt_err_s", "excess",
+                 "row_s")
 #: 0/1 columns
 BOOL_COLUMNS = ("simulated", "accepted")
 CLAIM_COLUMNS = ("fingerprint", "tp", "batch", "buckets", "owner", "claimed_at", "expires_at")
@@ -98,6 +101,7 @@ CREATE TABLE profiles (
     tbt_err_s   REAL    NOT NULL DEFAULT 0,
     excess      REAL    NOT NULL DEFAULT 0,
     accepted    INTEGER NOT NULL DEFAULT 1,
+    row_s       REAL    NOT NULL DEFAULT 0,
     PRIMARY KEY (fingerprint, tp, batch, bucket)
 );
 """
@@ -132,6 +136,7 @@ MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = 
         "ALTER TABLE profiles ADD COLUMN excess REAL NOT NULL DEFAULT 0",
         "ALTER TABLE profiles ADD COLUMN accepted INTEGER NOT NULL DEFAULT 1",
         _spreads_from_raw),
+    4: ("ALTER TABLE profiles ADD COLUMN row_s REAL NOT NULL DEFAULT 0",),
 }
 #: the oldest schema a cache may have and still be opened (brought up to date)
 OLDEST_VERSION = 1

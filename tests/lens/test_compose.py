@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -17,9 +19,10 @@ def prof(b, ttft, tbt):
 PROFILES = {4: prof(4, 1.0, 0.1), 8: prof(8, 2.0, 0.2), 16: prof(16, 4.0, 0.4)}
 
 
-def table(batch=1, policy="exclusive", buckets=BUCKETS, tkg=None, prefill="sequential"):
+def table(batch=1, policy="exclusive", buckets=BUCKETS, tkg=None, prefill="sequential", row_s=0.0):
     cand = Candidate(tp=1, batch=batch, ctx_buckets=buckets, tkg_buckets=tkg or buckets)
-    return UnitTable.build(cand, PROFILES, policy=policy, prefill=prefill)
+    profiles = {b: dataclasses.replace(p, row_s=row_s) for b, p in PROFILES.items()}
+    return UnitTable.build(cand, profiles, policy=policy, prefill=prefill)
 
 
 # -- bucket selection -------------------------------------------------------------------
@@ -114,6 +117,17 @@ def test_static_batch_splits_into_batches_and_pads():
     assert p.batch_s == pytest.approx([2.1, 1.1])
 
 
+def test_a_static_step_costs_less_by_the_host_work_of_rows_no_longer_generating():
+    # the batch above with a host cost of 0.05 s per live row per step (counted in TBT_b for both rows):
+    # t=2 has A alone, 0.2 - 0.05; B's steps are unchanged
+    p = predict(table(batch=2, row_s=0.05), Requests([2, 6], [3, 2]))
+    assert p.e2e_s == pytest.approx([3.35, 3.2]) and p.batch_s == pytest.approx([3.35])
+    # a short last batch: its padding row never generates (r2's one step in bucket 4: 0.1 - 0.05)
+    p = predict(table(batch=2, row_s=0.05), Requests([2, 2, 2], [2, 2, 2]))
+    assert p.e2e_s == pytest.approx([2.1, 2.1, 1.05])
+    assert table(batch=2, row_s=0.05).row_s == 0.05 and table(batch=2).row_s == 0.0
+
+
 def test_ragged_batch_hand_computed():
     # same batch as the static case: each request pays its own bucket / B
     # A: contexts 3 (b4: .1), 4 (b8: .2); B: context 7 (b8: .2)
@@ -189,8 +203,8 @@ def test_missing_profiles_are_reported():
 
 # -- against a step-by-step reference ------------------------------------------------------
 
-def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode, prefill="sequential"):
-    """Naive step-by-step composition, the definition written as loops."""
+def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode, prefill="sequential", row_s=0.0):
+    """Naive step-by-step composition, the definition written as loops (``row_s``: static only)."""
     e2e, ttft = [], []
     for s in range(0, len(lin), batch):
         L, O = lin[s:s + batch], lout[s:s + batch]
@@ -211,7 +225,7 @@ def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode, prefill="se
             active = [i for i in range(len(L)) if O[i] - 1 >= step]
             if mode == "static":
                 c = max(L[i] + step for i in active)
-                t += tbl_profiles[select(c, buckets, policy)].tbt_s
+                t += tbl_profiles[select(c, buckets, policy)].tbt_s - (batch - len(active)) * row_s
             else:
                 t += sum(tbl_profiles[select(L[i] + step, buckets, policy)].tbt_s for i in active) / batch
             for i in active:
@@ -227,14 +241,16 @@ def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode, prefill="se
 @pytest.mark.parametrize("mode", ["static", "ragged"])
 @pytest.mark.parametrize("policy", ["exclusive", "inclusive"])
 @pytest.mark.parametrize("batch", [1, 3, 4])
-def test_vectorised_matches_step_by_step(mode, policy, batch, prefill):
+@pytest.mark.parametrize("row_s", [0.0, 0.01])
+def test_vectorised_matches_step_by_step(mode, policy, batch, prefill, row_s):
     rng = np.random.default_rng(batch)
     n = 23
     lin = rng.integers(1, 12, n)
     lout = np.array([rng.integers(1, 16 - l + 2) for l in lin])
     lout = np.minimum(lout, 16 - lin + 1)
-    ref_ttft, ref_e2e = reference(PROFILES, BUCKETS, policy, batch, lin.tolist(), lout.tolist(), mode, prefill)
-    p = predict(table(batch=batch, policy=policy, prefill=prefill), Requests(lin, lout), mode=mode)
+    ref_ttft, ref_e2e = reference(PROFILES, BUCKETS, policy, batch, lin.tolist(), lout.tolist(), mode, prefill,
+                                  row_s if mode == "static" else 0.0)
+    p = predict(table(batch=batch, policy=policy, prefill=prefill, row_s=row_s), Requests(lin, lout), mode=mode)
     assert p.ttft_s == pytest.approx(ref_ttft)
     assert p.e2e_s == pytest.approx(ref_e2e)
 

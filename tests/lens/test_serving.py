@@ -140,8 +140,9 @@ def test_batched_admission_respects_free_slots_and_max_prefills():
     close(p.finish_s, [1.0, 2.2])
 
 
-def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", prefill="sequential"):
-    """The machine of docs/serving.md stepped one decode iteration at a time (no jumps)."""
+def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", prefill="sequential", row_s=0.0):
+    """The machine of docs/serving.md stepped one decode iteration at a time (no jumps); a free slot
+    saves ``row_s`` of every step."""
     n = len(lin)
     order = sorted(range(n), key=lambda i: (arr[i], i))
     first, finish = [None] * n, [None] * n
@@ -177,7 +178,7 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
                 t = arr[order[q]]
             continue
         longest = max(lin[i] + s + 1 for i, s in slots.items())
-        t += TBT[select(longest, (8, 16), policy)]
+        t += TBT[select(longest, (8, 16), policy)] - (batch - len(slots)) * row_s
         for i in list(slots):
             slots[i] += 1
             if slots[i] == lout[i] - 1:
@@ -186,9 +187,10 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
     return np.asarray(first), np.asarray(finish)
 
 
+@pytest.mark.parametrize("row_s", [0.0, 0.02])
 @pytest.mark.parametrize("prefill", ["sequential", "batched"])
 @pytest.mark.parametrize("seed", range(12))
-def test_event_jumps_match_stepping_every_iteration(seed, prefill):
+def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 40))
     batch = int(rng.integers(1, 5))
@@ -197,10 +199,10 @@ def test_event_jumps_match_stepping_every_iteration(seed, prefill):
     arr = np.round(np.cumsum(rng.exponential(rng.choice([0.05, 0.5, 3.0]), n)) * rng.integers(0, 2, n), 2)
     cap = int(rng.integers(0, 3))
     eager = bool(rng.integers(0, 2))
-    p = predict_serving(table(batch, prefill=prefill), Requests(lin, lout, arr),
+    p = predict_serving(table(batch, prefill=prefill, row_s=row_s), Requests(lin, lout, arr),
                         scheduler=Scheduler(max_prefills=cap, prefill_priority="prefill" if eager else "decode"))
     first, finish = reference(batch, lin.tolist(), lout.tolist(), arr.tolist(), cap=cap, eager=eager,
-                              prefill=prefill)
+                              prefill=prefill, row_s=row_s)
     np.testing.assert_allclose(p.first_s, first, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(p.finish_s, finish, rtol=1e-9, atol=1e-9)
 

@@ -193,6 +193,24 @@ def test_the_side_by_side_profiles_never_reach_the_cache(tmp_path, capsys, monke
     assert json.loads(capsys.readouterr().out)["e2e_s"] == before
 
 
+def test_profile_reports_the_host_cost_of_a_row_and_the_cache_keeps_it(tmp_path, capsys):
+    sp, cache = space(tmp_path / "s.toml"), tmp_path / "c.sqlite"
+    assert main(["profile", str(sp), "--tp", "1", "--batch", "8", "--cache", str(cache), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rc = out["row_cost"]  # the example program's host spends 10 us per generating row per step
+    assert rc["row_s"] == pytest.approx(1e-5, abs=3 * rc["err_s"]) and rc["run_s"] > 0 and rc["note"] == ""
+    assert {p["row_s"] for p in out["profiles"].values()} == {rc["row_s"]}
+    # a second look reuses the cache: nothing measured again, the stored cost shown with the profiles
+    assert main(["profile", str(sp), "--tp", "1", "--batch", "8", "--cache", str(cache)]) == 0
+    text = capsys.readouterr().out
+    assert "host cost of a row" not in text and "reused 3" in text
+    assert main(["profile", str(sp), "--tp", "1", "--batch", "8", "--cache", str(cache), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["row_cost"] is None and {p["row_s"] for p in again["profiles"].values()} == {rc["row_s"]}
+    assert main(["profile", str(sp), "--tp", "1", "--batch", "1", "--cache", str(cache)]) == 0
+    assert "host cost of a row" not in capsys.readouterr().out  # batch 1: no row can end early
+
+
 def test_measure_without_a_cached_profile_says_drift_is_unknown(tmp_path, capsys):
     sp = space(tmp_path / "s.toml")
     out = measure(sp, tmp_path / "none.sqlite", capsys)
@@ -229,15 +247,16 @@ def test_a_confirmation_on_a_drifted_host_is_corrected_not_flagged(tmp_path, ray
 @pytest.mark.parametrize("passes", [1, 3])
 def test_a_confirmation_is_judged_on_the_median_of_its_passes(tmp_path, ray_local, passes):
     # a host with one slow minute: the confirmation's first two workload runs (its warm-up and its
-    # first pass) are 1.5x slower, the probes and later runs are not
+    # first pass) are 1.5x slower, the probes and later runs are not. The one workload before them is
+    # the batch-2 unit's row-cost measurement, in its profiling (lens.rows)
     count = tmp_path / "calls"
     sp = space(tmp_path / "s.toml", budget=f"confirm_repeats = {passes}\n")
     sp.write_text(sp.read_text().replace(
         f'"{TOY}"]', f'"{TOY}", "--mode", "drift", "--drift", "1.5", "--fail-on", "run_workload", '
-                     f'"--fail-times", "2", "--count-file", "{count.as_posix()}"]'))
+                     f'"--after", "1", "--fail-times", "3", "--count-file", "{count.as_posix()}"]'))
     res = run(sp, results_dir=tmp_path / "r", name="p", cache=tmp_path / "c.sqlite", progress=False,
               log=lambda m: None)
-    assert len(count.read_bytes()) == 1 + passes  # the warm-up, then every pass
+    assert len(count.read_bytes()) == 2 + passes  # the row cost, the warm-up, then every pass
     row = pd.read_csv(res.run_dir / "confirm.csv").iloc[0]
     assert row["passes"] == passes
     if passes == 1:  # the one pass met the slow minute: flagged, and the table says on what

@@ -129,6 +129,34 @@ def test_a_staircase_that_breaks_its_shape_is_measured_again_and_kept_as_measure
 def test_every_bucket_of_the_unit_gets_its_cost(repeats):
     m = measure_unit(sim(stragglers=False), tp=1, batch=2, buckets=BUCKETS, all_buckets=BUCKETS,
                      profile=ProfileSettings(repeats=repeats))
-    assert sum(m.bucket_s.values()) == pytest.approx(m.run_s, rel=1e-9)
+    assert sum(m.bucket_s.values()) + m.rows_s == pytest.approx(m.run_s, rel=1e-9)  # and the row cost's runs
     assert all(p.repeats >= repeats for p in m.profiles.values())
     assert np.isfinite([p.ttft_err_s for p in m.profiles.values()]).all()
+
+
+# -- the host's cost per live row (lens.rows) ---------------------------------------------------------
+
+def test_the_host_cost_of_a_live_row_is_measured_and_kept_in_every_profile():
+    # the simulated stack's host handles each generating row after every step: 20 us a row as shipped
+    m = measure_unit(sim(noise=0.0, stragglers=False), tp=1, batch=16, buckets=BUCKETS, all_buckets=BUCKETS,
+                     profile=ProfileSettings())
+    assert m.rows is not None and m.rows.value == pytest.approx(2e-5, rel=0.02) and m.rows.note == ""
+    assert {p.row_s for p in m.profiles.values()} == {m.rows.value} and m.rows_s > 0
+    # a stack without that host work shows none beyond its noise (counted as none, or as the little seen)
+    m = measure_unit(sim(noise=0.01, stragglers=False, row_host=False), tp=1, batch=16, buckets=BUCKETS,
+                     all_buckets=BUCKETS, profile=ProfileSettings())
+    assert abs(m.rows.raw) < 4 * m.rows.err and m.rows.value <= max(m.rows.raw, 0.0)
+    assert m.rows.value < 2e-5 / 2 and all(p.row_s == m.rows.value for p in m.profiles.values())
+    # a batch of one has no row that could end early: nothing is run for it
+    m = measure_unit(sim(), tp=1, batch=1, buckets=BUCKETS, all_buckets=BUCKETS, profile=ProfileSettings())
+    assert m.rows is None and m.rows_s == 0.0
+
+
+def test_the_row_cost_stands_on_a_device_with_stragglers_and_through_the_command_protocol():
+    # 1 graph call in 50 takes 4x: the short runs and the median over the pairs see past them
+    m = measure_unit(sim(straggler_rate=0.02, straggler_factor=4.0), tp=1, batch=32, buckets=BUCKETS[:2],
+                     all_buckets=BUCKETS, profile=ProfileSettings())
+    assert m.rows.value == pytest.approx(2e-5, rel=0.25), m.rows
+    # the example program's host spends 10 us per generating row per step (its own model, not lens')
+    m = measure_unit(toy(), tp=1, batch=8, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings())
+    assert m.rows.value == pytest.approx(1e-5, abs=3 * m.rows.err), m.rows
