@@ -32,6 +32,7 @@ import numpy as np
 
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .errors import MissingProfiles, UserError
+from .rows import unit_row_s
 from .types import BATCHING, PREFILLS, BucketProfile, Candidate, Requests
 
 
@@ -89,7 +90,7 @@ class UnitTable:
             prefill=prefill,
             ttft_err_s=np.asarray([profiles[b].ttft_err_s for b in ctx], dtype=np.float64),
             tbt_err_s=np.asarray([profiles[b].tbt_err_s for b in tkg], dtype=np.float64),
-            row_s=row_cost_of([profiles[b] for b in tkg]),
+            row_s=unit_row_s([profiles[b] for b in tkg]),
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":
@@ -125,15 +126,6 @@ class Prediction:
     @property
     def total_s(self) -> float:
         return float(self.batch_s.sum())
-
-
-def row_cost_of(profiles: list[BucketProfile]) -> float:
-    """The row cost of a unit from its token-generation profiles: their median (one measurement
-    gives them all the same; buckets measured at different times may differ)."""
-    vals = [p.row_s for p in profiles]
-    if not vals or max(vals) <= 0.0:
-        return 0.0
-    return float(np.median(vals))
 
 
 def check_fit(req: Requests, table: UnitTable) -> None:

@@ -76,6 +76,12 @@ class RowCost:
         return f"{kept} ({self.note})" if self.note else f"{kept} (+- {self.err * 1e6:.1f})"
 
 
+def unit_row_s(profiles: Sequence[BucketProfile]) -> float:
+    """The row cost of a unit from its profiles: their median (one measurement gives them all the
+    same; buckets measured at different times may differ); 0 without any."""
+    return float(np.median([p.row_s for p in profiles])) if profiles else 0.0
+
+
 def steps_for(p: BucketProfile) -> int:
     """Decode steps of the measurement's batches in bucket ``p``: ``STEPS``, fewer when its window is shorter."""
     return max(min(STEPS, p.l2 - 1), 0)

@@ -38,8 +38,8 @@ from lens.buckets import decode_contexts, used_buckets
 from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Reference, action, drift_of,
                         reference_probe)
 from lens.errors import one_line
-from lens.compose import row_cost_of
 from lens.probes import BucketFit, NoisyMeasurement, assess, fit, plan_probes, to_profile
+from lens.rows import unit_row_s
 from lens.types import BucketProfile, Candidate, Probe, Requests, Target, Unit
 from runners import Runner
 from spaces import Budget, ProfileSettings, Space
@@ -93,7 +93,7 @@ class DriftCheck:
         probes = _bucket_probes(used, profiles, all_buckets, policy, profile.max_output, least) if side \
             else (dataclasses.replace(ref.probe, repeats=least),)
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
-                   all_buckets, profile, side, probes, row_cost_of([profiles[b] for b in used if b in profiles]))
+                   all_buckets, profile, side, probes, unit_row_s([profiles[b] for b in used if b in profiles]))
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
