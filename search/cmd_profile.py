@@ -188,13 +188,35 @@ def _report(kind: str, requests, ttft, tpot, e2e, summary: dict, extra: dict, as
         f"TPOT p50 {fmt_s(summary['tpot_p50_s'])}, E2E p50 {fmt_s(summary['e2e_p50_s'])} p90 {fmt_s(summary['e2e_p90_s'])}"
         f" p99 {fmt_s(summary['e2e_p99_s'])}"
     )
-    for k, v in extra.items():
-        if k != "requests" and k not in DRIFT_KEYS and not isinstance(v, dict):  # the drift gets a line of its own
-            print(f"  {k}: {v}")
+    _print_extra(extra)
 
 
 #: the measurement's drift figures, printed on a line of their own (``_drift_line``)
 DRIFT_KEYS = ("host_drift", "host_drift_err", "drift_significant", "drift_action", "drift_note")
+#: figures of ``extra`` that are shares (0..1), printed as percentages
+SHARES = ("spread", "spread_max", "prefill_padding", "decode_padding")
+
+
+def _print_extra(extra: dict) -> None:
+    """The figures beside the summary, one per line under their ``--json`` names, as a reader wants them:
+    seconds with their unit, shares and errors in percent, counts as they are."""
+    for k, v in extra.items():
+        if k != "requests" and k not in DRIFT_KEYS and not isinstance(v, dict):  # the drift gets a line of its own
+            print(f"  {k}: {_said(k, v)}")
+
+
+def _said(key: str, v) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if not isinstance(v, float):
+        return str(v)
+    if key.endswith("_pct"):
+        return f"{v:.2f}%"
+    if key in SHARES:
+        return f"{v:.1%}"
+    if key.endswith("_s"):
+        return fmt_s(v)
+    return f"{v:.4g}"
 
 
 def _requests(args, space, cand):
@@ -223,9 +245,7 @@ def _serving_out(kind: str, args, requests, summary: dict, extra: dict, serving,
     if sample is not None:
         label += "\n" + sample_line(sample, len(requests))
     print_serving(kind, summary, arrivals_from=how, rate=rate, slo=slo, label=label)
-    for k, v in extra.items():
-        if k not in DRIFT_KEYS and not isinstance(v, dict):  # the drift gets a line of its own
-            print(f"  {k}: {v}")
+    _print_extra(extra)
 
 
 def cmd_predict(args) -> int:

@@ -116,6 +116,10 @@ def test_measure_judges_the_runs_on_the_buckets_profiled_side_by_side_with_them(
     text = capsys.readouterr().out
     assert re.search(r"host_drift: 1\.0[6-9]\d", text) and "slower" in text and "profiled side by side" in text
     assert "beyond its noise" in text and "drift-corrected" in text and "4 rounds" in text
+    # the figures beside the summary read as figures: shares and errors in percent, seconds with a unit
+    assert re.search(r"^  spread: \d+\.\d%$", text, re.M) and re.search(r"^  run_s: [\d.]+ (s|ms)$", text, re.M)
+    assert re.search(r"^  prediction_e2e_mape_drift_corrected_pct: \d+\.\d\d%$", text, re.M)
+    assert re.search(r"^  simulated: (yes|no)$", text, re.M) and not re.search(r"\d\.\d{6,}", text)
 
 
 def test_side_by_side_tells_a_drift_that_is_not_alike_for_every_bucket_from_model_error(tmp_path, capsys,
