@@ -65,7 +65,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.busy import host_jitter, load_of  # noqa: E402
 from benchmarks.profiling_before import measure_before  # noqa: E402
 from lens.compose import UnitTable, predict  # noqa: E402
-from lens.noise import spread  # noqa: E402
+from lens.noise import median_se  # noqa: E402
 from lens.probes import plan_probes  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from runners import get_runner  # noqa: E402
@@ -116,14 +116,6 @@ def held_out(case: Case, n: int, seed: int, batch: int) -> Requests:
 def stats(err: np.ndarray) -> dict:
     a = np.abs(err) * 100
     return {"mean": a.mean(), "p90": np.percentile(a, 90), "max": a.max()}
-
-
-def median_se(e2e_all: np.ndarray, draws: int = 400, seed: int = 0) -> np.ndarray:
-    """Per request, the standard error of the median of its runs (rows: runs), relative to that median."""
-    runs = e2e_all.shape[0]
-    rng = np.random.default_rng(seed)
-    meds = np.median(e2e_all[rng.integers(0, runs, size=(draws, runs))], axis=1)  # (draws, requests)
-    return spread(meds) / np.median(e2e_all, axis=0)
 
 
 def one_unit(runner, case: Case, batch: int, args, log) -> dict:

@@ -156,3 +156,20 @@ def spread(values: np.ndarray, axis: int = 0) -> np.ndarray:
     """A robust standard deviation: half the central 68% range (one sigma for a normal)."""
     hi, lo = np.percentile(values, [84.135, 15.865], axis=axis)
     return (hi - lo) / 2.0
+
+
+def median_se(runs: np.ndarray, *, draws: int = 400, seed: int = SEED) -> np.ndarray:
+    """Per column, the standard error of the median of its rows (its runs), relative to that median.
+
+    ``runs``: (passes, requests) times of the same requests run ``passes`` times. Bootstrapped:
+    the robust spread of the median over ``draws`` resamples of the passes. It is the
+    measurement's own noise: a prediction cannot be judged closer to a request's median than
+    about this. One pass: zeros (nothing to tell the noise from).
+    """
+    a = np.asarray(runs, dtype=float)
+    if a.ndim != 2:
+        raise ValueError(f"median_se: runs must be (passes, requests), got shape {a.shape}")
+    passes = a.shape[0]
+    rng = np.random.default_rng(seed)
+    meds = np.median(a[rng.integers(0, passes, size=(draws, passes))], axis=1)  # (draws, requests)
+    return spread(meds) / np.median(a, axis=0)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 import sys
 import time
@@ -12,6 +13,7 @@ from lens.compose import UnitTable, predict
 from lens.drift import REFERENCE_ONLY, REPROFILED, RESCALED, SIDE_BY_SIDE
 from lens.errors import MissingProfiles
 from lens.metrics import summarize, summarize_prediction, tpot_of
+from lens.noise import median_se
 from lens.serving import predict_serving
 from lens.serving_metrics import summarize_serving, summarize_serving_prediction
 from runners import get_runner
@@ -29,6 +31,8 @@ from .profiler import check_subset, profile_missing
 
 #: most end-to-end runs of one ``measure`` (each runs the whole request list)
 MAX_MEASURE_REPEATS = 1000
+#: the most passes the measurement-noise hint suggests
+NOISE_HINT_REPEATS = 100
 
 
 def register(sub) -> None:
@@ -317,6 +321,7 @@ def cmd_measure(args) -> int:
         "repeats": args.repeats,
         "spread": float(np.median(spread_each)),
         "spread_max": float(spread_each.max()),
+        **({"measurement_noise_pct": float(np.mean(median_se(e2e_all)) * 100)} if args.repeats > 1 else {}),
         "compile_s": med.compile_s,
         "run_s": med.run_s,
         "wall_s": wall,
@@ -335,7 +340,26 @@ def cmd_measure(args) -> int:
         _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label, sample)
     if not args.json:
         print(_drift_line(dr, check, space.budget))
+        print(_noise_line(extra, args.repeats))
     return 0
+
+
+def _noise_line(extra: dict, repeats: int) -> str:
+    """What the measurement's own noise lets its error say."""
+    if repeats == 1:
+        return ("measurement noise: unknown with one pass (--repeats 3 or more gives each request's median and "
+                "how far it can be trusted)")
+    se = extra["measurement_noise_pct"]
+    line = (f"measurement noise: each request's median over {repeats} passes is uncertain by about {se:.1f}% "
+            f"(bootstrapped over the passes): prediction errors of that size are the measurement's own")
+    if se > 1.0:  # the standard error of a median goes as 1/sqrt(passes)
+        more = int(math.ceil(repeats * se ** 2))
+        if more <= NOISE_HINT_REPEATS:
+            line += f"; about --repeats {more} would bring it near 1%"
+        elif repeats < NOISE_HINT_REPEATS:
+            line += (f"; on a host this noisy even --repeats {NOISE_HINT_REPEATS} would leave about "
+                     f"{se * math.sqrt(repeats / NOISE_HINT_REPEATS):.1f}%")
+    return line
 
 
 def _cached(args, runner, cand) -> dict:

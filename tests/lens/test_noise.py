@@ -8,7 +8,7 @@ import pytest
 
 from lens.compose import UnitTable, predict
 from lens.drift import REFERENCE_REPEATS, corrected, host_drift, reference_probe
-from lens.noise import ESTIMATOR, ESTIMATORS, bootstrap_times, expected_times, spread
+from lens.noise import ESTIMATOR, ESTIMATORS, bootstrap_times, expected_times, median_se, spread
 from lens.types import BucketProfile, Candidate, Requests
 
 
@@ -41,6 +41,20 @@ def test_bootstrap_is_reproducible_and_its_spread_is_a_standard_deviation():
     # the standard error of a mean of 400 draws of sd 0.01
     assert spread(a[:, 0]) == pytest.approx(0.01 / 20, rel=0.2)
     assert ESTIMATOR in ESTIMATORS
+
+
+def test_median_se_is_the_standard_error_of_each_requests_median_relative_to_it():
+    rng = np.random.default_rng(1)
+    # 2 requests of 0.1 s and 2 s, 200 passes with 5% jitter: the median's se is about 1.25 * 5% / sqrt(200)
+    runs = np.array([0.1, 2.0]) * (1 + 0.05 * rng.standard_normal((200, 2)))
+    se = median_se(runs)
+    assert se.shape == (2,) and se == pytest.approx(1.2533 * 0.05 / np.sqrt(200), rel=0.3)
+    # a quarter of the passes: twice the noise
+    assert np.mean(median_se(runs[:50])) == pytest.approx(2 * np.mean(se), rel=0.4)
+    assert np.array_equal(median_se(np.ones((3, 4))), np.zeros(4))  # identical passes: no noise
+    assert np.array_equal(median_se(np.ones((1, 4))), np.zeros(4))  # one pass: nothing to tell it from
+    with pytest.raises(ValueError, match="passes, requests"):
+        median_se(np.ones(4))
 
 
 def _profile(bucket, *, t2, l2=64, input_len=None, err=0.0):

@@ -120,6 +120,27 @@ def test_measure_judges_the_runs_on_the_buckets_profiled_side_by_side_with_them(
     assert re.search(r"^  spread: \d+\.\d%$", text, re.M) and re.search(r"^  run_s: [\d.]+ (s|ms)$", text, re.M)
     assert re.search(r"^  prediction_e2e_mape_drift_corrected_pct: \d+\.\d\d%$", text, re.M)
     assert re.search(r"^  simulated: (yes|no)$", text, re.M) and not re.search(r"\d\.\d{6,}", text)
+    # and what the measurement's own noise lets the error say (the toy host: well under a percent)
+    noise = re.search(r"^measurement noise: each request's median over 3 passes is uncertain by about ([\d.]+)%",
+                      text, re.M)
+    assert noise and float(noise.group(1)) < 1.0 and "--repeats" not in text.split("measurement noise")[1]
+    assert slow["measurement_noise_pct"] == pytest.approx(float(noise.group(1)), abs=1.0)
+
+
+@pytest.mark.parametrize("repeats, se, says", [
+    (1, None, "unknown with one pass"),
+    (3, 0.4, "uncertain by about 0.4%"),
+    (3, 4.0, "about --repeats 48 would bring it near 1%"),  # 3 * 4^2: the se goes as 1/sqrt(passes)
+    (3, 14.0, "even --repeats 100 would leave about 2.4%"),
+    (200, 3.0, "uncertain by about 3.0%"),
+])
+def test_the_noise_line_says_what_more_passes_would_buy(repeats, se, says):
+    from search.cmd_profile import _noise_line
+
+    line = _noise_line({} if se is None else {"measurement_noise_pct": se}, repeats)
+    assert line.startswith("measurement noise: ") and says in line
+    if repeats == 200:
+        assert "--repeats" not in line  # more than the hint's cap already: nothing to suggest
 
 
 def test_side_by_side_tells_a_drift_that_is_not_alike_for_every_bucket_from_model_error(tmp_path, capsys,
