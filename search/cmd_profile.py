@@ -312,6 +312,8 @@ def cmd_measure(args) -> int:
     e2e_all = np.stack([r.e2e_s for r in runs])
     spread_each = (e2e_all.max(axis=0) - e2e_all.min(axis=0)) / e2e
     tpot = tpot_of(ttft, e2e, requests.output_len)
+    # the measurement's own noise: each request's median's standard error over the passes (none from one)
+    noise = float(np.mean(median_se(e2e_all)) * 100) if args.repeats > 1 else None
     if serving is not None:
         summary = summarize_serving(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp, slo=serving[2])
     else:
@@ -321,7 +323,7 @@ def cmd_measure(args) -> int:
         "repeats": args.repeats,
         "spread": float(np.median(spread_each)),
         "spread_max": float(spread_each.max()),
-        **({"measurement_noise_pct": float(np.mean(median_se(e2e_all)) * 100)} if args.repeats > 1 else {}),
+        **({"measurement_noise_pct": noise} if noise is not None else {}),
         "compile_s": med.compile_s,
         "run_s": med.run_s,
         "wall_s": wall,
@@ -340,16 +342,16 @@ def cmd_measure(args) -> int:
         _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label, sample)
     if not args.json:
         print(_drift_line(dr, check, space.budget))
-        print(_noise_line(extra, args.repeats))
+        print(_noise_line(noise, args.repeats))
     return 0
 
 
-def _noise_line(extra: dict, repeats: int) -> str:
-    """What the measurement's own noise lets its error say."""
-    if repeats == 1:
+def _noise_line(se: float | None, repeats: int) -> str:
+    """What the measurement's own noise (``se``, % of each request's median; None from one pass) lets its
+    error say."""
+    if se is None:
         return ("measurement noise: unknown with one pass (--repeats 3 or more gives each request's median and "
                 "how far it can be trusted)")
-    se = extra["measurement_noise_pct"]
     line = (f"measurement noise: each request's median over {repeats} passes is uncertain by about {se:.1f}% "
             f"(bootstrapped over the passes): prediction errors of that size are the measurement's own")
     if se > 1.0:  # the standard error of a median goes as 1/sqrt(passes)

@@ -137,7 +137,7 @@ def test_measure_judges_the_runs_on_the_buckets_profiled_side_by_side_with_them(
 def test_the_noise_line_says_what_more_passes_would_buy(repeats, se, says):
     from search.cmd_profile import _noise_line
 
-    line = _noise_line({} if se is None else {"measurement_noise_pct": se}, repeats)
+    line = _noise_line(se, repeats)
     assert line.startswith("measurement noise: ") and says in line
     if repeats == 200:
         assert "--repeats" not in line  # more than the hint's cap already: nothing to suggest
