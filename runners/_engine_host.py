@@ -201,6 +201,11 @@ class EngineProcess:
         return self._ask({"op": "call", "method": "generate_timed",
                           "args": [[[int(x) for x in p] for p in prompts], [int(n) for n in output_lens]]})
 
+    def serve_timed(self, prompts, output_lens, arrival_s):
+        return self._ask({"op": "call", "method": "serve_timed",
+                          "args": [[[int(x) for x in p] for p in prompts], [int(n) for n in output_lens],
+                                   [float(a) for a in arrival_s]]})
+
     def close(self) -> None:
         if self._sock is None:
             return

@@ -8,6 +8,7 @@ engine boundary in each runner:
 
     engine = EngineClass(spec)            # compile / load; may set compile_s and load_s
     engine.generate_timed(prompts, output_lens) -> TimedBatch
+    engine.serve_timed(prompts, output_lens, arrival_s) -> TimedBatch   # runners serving continuous mode
     engine.close()
 
 so :class:`EngineRunner` (the shared ``profile`` / ``run_workload`` flow) is exercised in
@@ -16,7 +17,9 @@ tests with a fake engine.
 Timing convention (the same as the jax and sim runners): a request (l_in, l_out) yields
 exactly l_out tokens; its TTFT is measured from the start of its batch (the first request
 handed to the engine) to its first token, its E2E to its last token; a probe's time is
-the wall time of one whole batch.
+the wall time of one whole batch.  Served by continuous batching (``serve_timed``),
+request i is handed to the engine once the wall clock passes its arrival time, and its
+TTFT and E2E count from that arrival (docs/serving.md).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from lens.buckets import check_policy, select, select_index, validate_buckets
 from lens.errors import LensoptError, RunnerError, UserError
 from lens.types import Candidate, Probe, ProbeRun, ProfileResult, Requests, Target, Unit, WorkloadRun
 
+from ._clock import wait_until
 from .base import Runner
 
 # -- options ---------------------------------------------------------------------------------
@@ -242,6 +246,17 @@ class RequestClock:
         return TimedBatch(ttft_s=self.first - self.t0, e2e_s=e2e, wall_s=float(e2e.max()) if e2e.size else 0.0,
                           ttft_source="step")
 
+    def served(self, arrival_s: Sequence[float]) -> TimedBatch:
+        """The times of a served run whose ``t0`` is its origin: TTFT and E2E from each request's
+        arrival (``arrival_s[i]`` seconds after ``t0``), the wall time from the first arrival to
+        the last completion."""
+        tb = self.result()
+        arr = np.asarray(arrival_s, dtype=float)
+        if arr.shape != tb.e2e_s.shape:
+            raise ValueError("one arrival time per request id")
+        wall = float(tb.e2e_s.max() - arr.min()) if arr.size else 0.0
+        return TimedBatch(ttft_s=tb.ttft_s - arr, e2e_s=tb.e2e_s - arr, wall_s=wall, ttft_source="step")
+
     def first_token_steps(self) -> int:
         """In how many distinct engine steps the batch's first tokens came out."""
         seen = self.first[np.isfinite(self.first)]
@@ -266,6 +281,48 @@ def drive_steps(
         steps += 1
         if steps > max_steps:
             raise RunnerError(f"the engine did not finish the batch within {max_steps} steps")
+
+
+def drive_arrivals(
+    add: Callable[[int], None],
+    step: Callable[[], Sequence[Any]],
+    has_unfinished: Callable[[], bool],
+    clock: RequestClock,
+    adapt: Callable[[Any], StepObservation],
+    arrival_s: Sequence[float],
+    *,
+    now: Callable[[], float] = time.perf_counter,
+    wait: Callable[[float], None] = wait_until,
+    max_steps: int,
+) -> None:
+    """Serve requests released by the wall clock: ``add(i)`` hands request i to the engine once
+    ``now()`` has passed ``clock.t0 + arrival_s[i]`` (in arrival order, ties in index order).
+
+    Before every step the host hands over each request that has arrived, so a request that
+    arrives during a step is in the engine's queue when its scheduler next looks, which is
+    the machine's admission (docs/serving.md; the scheduler decides what it runs first).  An
+    engine with nothing to do waits for the next release.  ``step`` blocks until its outputs
+    are out (an engine core in this process), and each step's outputs go to ``clock`` at the
+    moment it returns.
+    """
+    arr = np.asarray(arrival_s, dtype=float)
+    order = np.argsort(arr, kind="stable").tolist()
+    release = [clock.t0 + float(arr[i]) for i in order]
+    n, qi, steps = len(order), 0, 0
+    while qi < n or has_unfinished():
+        t = now()
+        while qi < n and release[qi] <= t:
+            add(order[qi])
+            qi += 1
+        if not has_unfinished():
+            if qi < n:
+                wait(release[qi])
+            continue
+        outs = step()
+        clock.observe(now(), [adapt(o) for o in outs])
+        steps += 1
+        if steps > max_steps:
+            raise RunnerError(f"the engine did not finish the served requests within {max_steps} steps")
 
 
 def times_from_steps(step_times: Sequence[float], t0: float, output_lens: Sequence[int], *, wall_s: float) -> TimedBatch:
@@ -300,6 +357,10 @@ class Engine(Protocol):
     """The SDK boundary of one compiled unit (see the module docstring)."""
 
     def generate_timed(self, prompts: Sequence[Sequence[int]], output_lens: Sequence[int]) -> TimedBatch: ...
+
+    # only the engines of runners that serve continuous mode (``Runner.modes``)
+    def serve_timed(self, prompts: Sequence[Sequence[int]], output_lens: Sequence[int],
+                    arrival_s: Sequence[float]) -> TimedBatch: ...
 
     def close(self) -> None: ...
 
@@ -338,7 +399,7 @@ def execute_probes(
 class WorkloadTimes:
     ttft_s: np.ndarray
     e2e_s: np.ndarray
-    total_s: float  # sum of the batches' wall times
+    total_s: float  # sum of the batches' wall times (served: the run's duration)
     run_s: float  # total_s plus untimed warm-up runs
     ttft_sources: tuple[str, ...]
 
@@ -370,6 +431,27 @@ def execute_workload(
         total += tb.wall_s
         sources.add(tb.ttft_source)
     return WorkloadTimes(ttft, e2e, float(total), float(total + run_s), tuple(sorted(sources)))
+
+
+def execute_serving(engine: Engine, requests: Requests, *, batch: int, warmup: int, prompts: PromptFn) -> WorkloadTimes:
+    """Serve ``requests`` by continuous batching from their arrival times (shifted to start at 0).
+
+    ``warmup`` untimed static runs of the first ``batch`` requests come first (pass 0 on a
+    warm engine).  TTFT and E2E count from each arrival; the total is the run's duration.
+    """
+    n = len(requests)
+    lin, lout = requests.input_len, requests.output_len
+    run_s = 0.0
+    if n:
+        first = slice(0, min(batch, n))
+        for _ in range(warmup):
+            run_s += engine.generate_timed(prompts(lin[first].tolist()), lout[first].tolist()).wall_s
+    arr = np.asarray(requests.arrival_s, dtype=float)
+    arr = arr - arr.min() if n else arr
+    tb = engine.serve_timed(prompts(lin.tolist()), lout.tolist(), arr.tolist())
+    if tb.ttft_s.shape != (n,) or tb.e2e_s.shape != (n,):
+        raise RunnerError(f"the engine returned times for {tb.ttft_s.shape} requests, {n} were served")
+    return WorkloadTimes(tb.ttft_s, tb.e2e_s, float(tb.wall_s), float(tb.wall_s + run_s), (tb.ttft_source,))
 
 
 # -- the shared runner flow --------------------------------------------------------------------
@@ -518,10 +600,11 @@ class EngineRunner(Runner):
         warm = self.warmup_runs() if "workload" not in self._warmed else 0
         self._warmed.add("workload")
         prompts = self._prompt_fn(candidate.tp, candidate.batch, len(requests))
-        wt = self._generate(lambda: execute_workload(engine, requests, batch=candidate.batch, warmup=warm, prompts=prompts))
+        execute = execute_serving if mode == "continuous" else execute_workload
+        wt = self._generate(lambda: execute(engine, requests, batch=candidate.batch, warmup=warm, prompts=prompts))
         self.last_ttft_sources = wt.ttft_sources
         return WorkloadRun(ttft_s=wt.ttft_s, e2e_s=wt.e2e_s, total_s=wt.total_s, compile_s=compile_s,
-                           run_s=wt.run_s + load_s, host=self.host(), simulated=False)
+                           run_s=wt.run_s + load_s, host=self.host(), simulated=False, mode=mode)
 
     def close(self) -> None:
         self._close_engine()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from lens.errors import UserError
-from lens.types import Candidate, Target, stable_hash
+from lens.types import Candidate, Scheduler, Target, stable_hash
 
 PLATFORMS = ("gpu", "tpu", "neuron")
 CUDA_GRAPH_MODES = ("batch", "default", "off")
@@ -135,6 +135,39 @@ class VllmEngineSpec:
     key: str = ""
     notes: tuple[str, ...] = ()
     checkpoint: RandomCheckpoint | None = None
+
+
+#: the platforms whose vLLM scheduler serves arrivals as the machine of docs/serving.md does,
+#: with the target scheduler settings that machine needs there (None: any, the unit has one slot)
+SERVING_SCHEDULER: dict[str, Scheduler | None] = {
+    # the vllm-neuron plugin's scheduler: one whole prompt per step ahead of the running decodes,
+    # the waiting queue re-read at every step
+    "neuron": Scheduler(max_prefills=0, prefill_priority="prefill"),
+    # batch 1 only (check_unit): a prompt waits for the one slot, so no step mixes it with a decode
+    "tpu": None,
+}
+SERVING_WHY = {
+    "gpu": "vLLM V1 on a GPU schedules an arriving prompt into the same step as the running decodes (chunked "
+           "prefill is always on there), a mixed step that a bucket profile of separate prefill and decode graphs "
+           "does not describe (docs/serving.md)",
+}
+
+
+def serving_refusal(platform: str, target: Target) -> str | None:
+    """Why vLLM on ``platform`` cannot serve ``target``'s continuous machine (None when it can)."""
+    if platform not in SERVING_SCHEDULER:
+        return (f"vllm runner ({platform}): continuous mode is not measured here: {SERVING_WHY[platform]}; "
+                f"set [target] serving = \"static\" (`lensopt predict --mode continuous` still predicts it)")
+    want = SERVING_SCHEDULER[platform]
+    if want is None:
+        return None
+    for key in ("max_prefills", "prefill_priority"):
+        got, need = getattr(target.scheduler, key), getattr(want, key)
+        if got != need:
+            return (f"vllm runner ({platform}): [target.scheduler] {key} = {json.dumps(got)}, but the vLLM Neuron "
+                    f"plugin's scheduler prefills every waiting prompt, one per step, before the running decodes, "
+                    f"re-reading its queue at every step: set {key} = {json.dumps(need)} (or leave it out)")
+    return None
 
 
 _VLLM_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp8": "bfloat16"}

@@ -33,8 +33,8 @@ import numpy as np
 
 from lens.buckets import select, select_index
 
-#: below this many seconds before a release the host spins instead of sleeping
-_SPIN_S = 2e-3
+from ._clock import wait_until
+
 #: most decode steps the host queues ahead of the device while a slot waits for an arrival
 _MAX_AHEAD = 8
 
@@ -49,16 +49,6 @@ class Served:
     decode_steps: int
     wall_s: float
     tokens: list[np.ndarray] | None = None  # greedy tokens per request, when recorded
-
-
-def wait_until(deadline: float) -> None:
-    """Sleep, then spin the last couple of milliseconds, until ``perf_counter() >= deadline``."""
-    while True:
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            return
-        if left > _SPIN_S:
-            time.sleep(left - _SPIN_S)
 
 
 def serve(

@@ -59,6 +59,14 @@ Timing: a request's TTFT is the host clock when the engine step carrying its fir
 returns, its E2E when the step carrying its last token returns, both from the moment the
 first request of its batch was queued.
 
+**Continuous batching** (docs/serving.md) where vLLM's scheduler is that machine: on
+``neuron`` (the plugin prefills one waiting prompt per step into a free slot, ahead of the
+running decodes; the target's scheduler must keep its defaults) and on ``tpu`` (batch 1:
+one slot).  Request i is handed to the engine once the wall clock passes its arrival,
+every arrived request before each step (``_llm_common.drive_arrivals``); TTFT and E2E
+count from each arrival.  Refused on ``gpu``, where V1 mixes an arriving prompt into the
+running decodes' step, which the bucket profiles do not describe.
+
 Versions: the runner was written against the V1 engine API of the ranges in
 ``TESTED_VLLM`` (per platform; the Neuron plugin pins vLLM 0.11).  Another vLLM is refused
 on first use (a changed scheduler silently changes what a profile means), unless
@@ -82,7 +90,7 @@ from typing import Any, Mapping, Sequence
 from lens.errors import RunnerError, RunnerUnavailable, UserError
 from lens.types import Candidate, Target, Unit, stable_hash
 
-from ._llm_common import EngineRunner, RequestClock, StepObservation, TimedBatch, drive_steps
+from ._llm_common import EngineRunner, RequestClock, StepObservation, TimedBatch, drive_arrivals, drive_steps
 from ._llm_host import base_versions, dist_version, dist_versions, llama_hf_config, neuron_driver_version, nvidia_info
 from ._vllm_spec import (
     CUDA_GRAPH_MODES,
@@ -91,6 +99,7 @@ from ._vllm_spec import (
     PREFILL_WHY,
     PLATFORMS,
     POLICY_WHY,
+    SERVING_SCHEDULER,
     RandomCheckpoint,
     VllmEngineSpec,
     build_engine_spec,
@@ -98,6 +107,7 @@ from ._vllm_spec import (
     neuron_overrides,
     resolve_platform,
     serve_argv,
+    serving_refusal,
     serve_script,
     token_budget,
     tpu_ladder,
@@ -215,20 +225,28 @@ class _VllmEngine:
         self._next = 0
         self.artifacts = spec.env.get("NEURON_COMPILED_ARTIFACTS", "")
 
+    def _requests(self, prompts: Sequence[Sequence[int]], output_lens: Sequence[int]):
+        """Fresh request ids, and per request the (prompt, sampling) pair ``add_request`` takes:
+        greedy, exactly l_out tokens, nothing detokenized."""
+        ids = [f"lensopt-{self._next + i}" for i in range(len(prompts))]
+        self._next += len(prompts)
+        args = [({"prompt_token_ids": [int(x) for x in p]},
+                 self._sampling(temperature=0.0, max_tokens=int(n), min_tokens=int(n), ignore_eos=True,
+                                detokenize=False)) for p, n in zip(prompts, output_lens)]
+        return ids, args
+
+    @staticmethod
+    def _step_budget(prompts: Sequence[Sequence[int]], output_lens: Sequence[int]) -> int:
+        return 4 * (sum(int(n) for n in output_lens) + sum(len(p) for p in prompts)) + 1000
+
     def generate_timed(self, prompts: Sequence[Sequence[int]], output_lens: Sequence[int]) -> TimedBatch:
-        ids = []
-        params = [self._sampling(temperature=0.0, max_tokens=int(n), min_tokens=int(n), ignore_eos=True,
-                                 detokenize=False) for n in output_lens]
+        ids, args = self._requests(prompts, output_lens)
         t0 = time.perf_counter()
-        for p, sp in zip(prompts, params):
-            rid = f"lensopt-{self._next}"
-            self._next += 1
-            self._engine.add_request(rid, {"prompt_token_ids": [int(x) for x in p]}, sp)
-            ids.append(rid)
+        for rid, (prompt, sp) in zip(ids, args):
+            self._engine.add_request(rid, prompt, sp)
         clock = RequestClock(ids, output_lens, t0=t0)
-        budget = 4 * (sum(int(n) for n in output_lens) + sum(len(p) for p in prompts)) + 1000
         drive_steps(self._engine.step, self._engine.has_unfinished_requests, clock, observe_request_output,
-                    max_steps=budget)
+                    max_steps=self._step_budget(prompts, output_lens))
         steps = clock.first_token_steps()
         if self.spec.prefill == "batched" and steps > 1:
             raise RunnerError(
@@ -238,6 +256,17 @@ class _VllmEngine:
                 f"measured"
             )
         return clock.result()
+
+    def serve_timed(self, prompts: Sequence[Sequence[int]], output_lens: Sequence[int],
+                    arrival_s: Sequence[float]) -> TimedBatch:
+        """Continuous batching as vLLM's scheduler runs it: request i is added once the wall clock
+        passes ``arrival_s[i]`` (seconds from now), every arrived request before each step."""
+        ids, args = self._requests(prompts, output_lens)
+        clock = RequestClock(ids, output_lens, t0=time.perf_counter())
+        drive_arrivals(lambda i: self._engine.add_request(ids[i], *args[i]), self._engine.step,
+                       self._engine.has_unfinished_requests, clock, observe_request_output, arrival_s,
+                       max_steps=self._step_budget(prompts, output_lens))
+        return clock.served(arrival_s)
 
     def close(self) -> None:
         llm, self.llm, self._engine = getattr(self, "llm", None), None, None
@@ -294,7 +323,20 @@ class VllmRunner(EngineRunner):
                 f"vllm runner: [target] prefill = \"{target.prefill}\", but vLLM on the {self.platform} platform encodes "
                 f"a batch's prompts {PREFILL_WHY[self.platform]}: set prefill = \"{want}\" under [target]"
             )
+        if target.serving == "continuous" and serving_refusal(self.platform, target):
+            raise UserError(serving_refusal(self.platform, target))
         self._versions: dict[str, str] | None = None
+
+    @property
+    def modes(self) -> tuple[str, ...]:  # type: ignore[override]
+        """Static batches everywhere; continuous where vLLM's scheduler is the served machine (SERVING_SCHEDULER)."""
+        return ("static", "continuous") if self.platform in SERVING_SCHEDULER else ("static",)
+
+    def check_mode(self, mode: str, requests=None) -> None:
+        why = serving_refusal(self.platform, self.target) if mode == "continuous" else None
+        if why:
+            raise UserError(why)
+        super().check_mode(mode, requests)
 
     # -- identity --------------------------------------------------------------------------
     def versions(self) -> dict[str, str]:

@@ -26,7 +26,7 @@ from lens.types import Candidate, ModelShape, Probe, Requests, Target, Unit
 from runners import get_runner
 from runners import _llm_host as host
 from runners import vllm_runner as vr
-from runners._llm_common import RequestClock, StepObservation, TimedBatch, drive_steps
+from runners._llm_common import RequestClock, StepObservation, TimedBatch, drive_arrivals, drive_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
@@ -444,6 +444,103 @@ def test_step_loop_errors():
         RequestClock(["a"], [1], t0=0).result()
 
 
+# -- serving arrivals: the host loop on a clock of its own ------------------------------------------
+
+
+class VirtualNeuronScheduler:
+    """The vllm-neuron plugin's scheduler on a virtual clock, written from its description
+    (docs/serving.md) apart from the estimator: a step with a waiting prompt and a free slot
+    prefills that one prompt (the TTFT of its bucket); any other step decodes every running
+    request (the TBT of the bucket of the longest context). Costs from ``servingkit``."""
+
+    def __init__(self, batch, lin, lout):
+        from collections import deque
+
+        from tests.lens import servingkit as kit
+
+        self.kit, self.batch, self.lin, self.lout = kit, batch, lin, lout
+        self.t, self.waiting, self.running, self.added = 0.0, deque(), [], {}
+
+    def bucket(self, length):
+        from lens.buckets import select
+
+        return select(int(length), (8, 16), "exclusive")
+
+    def add(self, i):
+        self.added[i] = self.t
+        self.waiting.append([i, int(self.lin[i]), int(self.lout[i]), 0])  # request, l_in, l_out, tokens out
+
+    def has_unfinished(self):
+        return bool(self.waiting or self.running)
+
+    def step(self):
+        if self.waiting and len(self.running) < self.batch:
+            r = self.waiting.popleft()
+            self.t += self.kit.TTFT[self.bucket(r[1])]
+            r[3] = 1
+            if r[2] > 1:
+                self.running.append(r)
+            return [request_output(str(r[0]), 1, r[2] == 1)]
+        self.t += self.kit.TBT[self.bucket(max(r[1] + r[3] for r in self.running))]
+        outs = []
+        for r in self.running:
+            r[3] += 1
+            outs.append(request_output(str(r[0]), r[3], r[3] == r[2]))
+        self.running = [r for r in self.running if r[3] < r[2]]
+        return outs
+
+    def wait(self, deadline):
+        self.t = max(self.t, deadline)
+
+
+@pytest.mark.parametrize("batch,rate", [(1, 0.3), (3, 0.5), (3, 4.0), (4, 1.5)])
+def test_served_arrivals_on_the_plugins_scheduler_are_the_machine_predicted(batch, rate):
+    """drive_arrivals hands each request over at its arrival and every arrived one before a step:
+    on the plugin's scheduler that is the machine lens.serving composes, to rounding."""
+    from lens.serving import predict_serving
+    from tests.lens import servingkit as kit
+
+    rng = np.random.default_rng(batch * 100 + int(rate * 10))
+    n = 60
+    lin = rng.integers(1, 12, n)
+    lout = np.minimum(rng.integers(1, 9, n), 16 - lin)
+    arr = np.concatenate([[0.0], np.cumsum(rng.exponential(1 / rate, n - 1))])
+    eng = VirtualNeuronScheduler(batch, lin, lout)
+    clock = RequestClock([str(i) for i in range(n)], lout.tolist(), t0=0.0)
+    drive_arrivals(eng.add, eng.step, eng.has_unfinished, clock, vr.observe_request_output, arr.tolist(),
+                   now=lambda: eng.t, wait=eng.wait, max_steps=10_000)
+    served = clock.served(arr)
+    assert all(eng.added[i] >= arr[i] for i in range(n))  # never handed over before it arrives
+    pred = predict_serving(kit.table(batch), Requests(lin, lout, arr))
+    np.testing.assert_allclose(served.ttft_s, pred.ttft_s, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(served.e2e_s, pred.e2e_s, rtol=1e-9, atol=1e-9)
+    assert served.wall_s == pytest.approx(pred.total_s)
+    assert (pred.queue_s > 0).any() or batch == 1 and rate < 1  # the busy cases did queue
+
+
+def test_served_arrivals_wait_when_idle_and_count_from_each_arrival():
+    eng = VirtualNeuronScheduler(2, np.array([3, 3]), np.array([2, 2]))
+    waits = []
+
+    def wait(deadline):
+        waits.append(deadline)
+        eng.wait(deadline)
+
+    clock = RequestClock(["0", "1"], [2, 2], t0=50.0)
+    eng.t = 50.0
+    drive_arrivals(eng.add, eng.step, eng.has_unfinished, clock, vr.observe_request_output, [0.0, 10.0],
+                   now=lambda: eng.t, wait=wait, max_steps=100)
+    tb = clock.served([0.0, 10.0])
+    assert waits == [60.0]  # idle after the first request: waits for the second's release
+    np.testing.assert_allclose(tb.ttft_s, [1.0, 1.0])  # the bucket-8 prefill, from each arrival
+    np.testing.assert_allclose(tb.e2e_s, [1.1, 1.1])
+    assert tb.wall_s == pytest.approx(11.1)
+    with pytest.raises(RunnerError, match="within 1 steps"):
+        eng = VirtualNeuronScheduler(1, np.array([3]), np.array([3]))
+        drive_arrivals(eng.add, eng.step, eng.has_unfinished, RequestClock(["0"], [3], t0=0.0),
+                       vr.observe_request_output, [0.0], now=lambda: eng.t, wait=eng.wait, max_steps=1)
+
+
 # -- probes and workloads with a fake engine --------------------------------------------------------
 
 PREFILL_S = 1e-3  # per request, plus PER_TOKEN_S per prompt token
@@ -601,12 +698,14 @@ def test_sdk_failures_become_runner_errors(fake_runner, monkeypatch):
 #: - EngineArgs rejects arguments it does not know (override_neuron_config is one);
 #: - on the Neuron platform (FAKE_VLLM_PLATFORM=neuron) the plugin ignores load_format and
 #:   needs *.safetensors in the model folder, and its scheduler encodes one prompt per step.
-#: STEP_LOG records, per step, (request id, "prefill"/"decode", tokens, first token out).
+#: STEP_LOG records, per step, (request id, "prefill"/"decode", tokens, first token out);
+#: ADD_LOG, per add_request, (request id, time.perf_counter()).
 FAKE_VLLM_SRC = """
-import glob, os
+import glob, os, time
 from types import SimpleNamespace
 
 STEP_LOG = []
+ADD_LOG = []
 ENGINE_ARGS = {"load_format", "skip_tokenizer_init", "tensor_parallel_size", "max_num_seqs", "max_model_len",
                "max_num_batched_tokens", "dtype", "seed", "enable_prefix_caching", "disable_log_stats",
                "gpu_memory_utilization", "compilation_config", "enforce_eager", "quantization",
@@ -639,6 +738,7 @@ class _Engine:
         self.waiting, self.running, self.pending = [], [], []
 
     def add_request(self, rid, prompt, params):
+        ADD_LOG.append((rid, time.perf_counter()))
         idle = not (self.waiting or self.running or self.pending)
         self.waiting.append(_Req(rid, len(prompt["prompt_token_ids"]), params.max_tokens))
         if self.mp and idle:  # the core process picks the request up at once
@@ -660,7 +760,8 @@ class _Engine:
 
     def _step(self):
         log, outs, budget, still = [], [], self.budget, []
-        if self.platform == "neuron" and self.waiting:  # one whole prompt per step, decodes held back
+        if self.platform == "neuron" and self.waiting and len(self.running) < self.max_seqs:
+            # one whole prompt per step into a free sequence slot, the running decodes held back
             r = self.waiting.pop(0)
             r.done_prompt = r.n_prompt
             o, done = self._emit(r, log, "prefill", r.n_prompt)
@@ -786,6 +887,93 @@ def test_neuron_platform_writes_a_random_checkpoint_and_prefills_one_prompt_a_st
     # the plugin's scheduler: each prompt in a step of its own
     for rids in batches_of(fake_vllm.STEP_LOG, 2):
         assert len(prefill_steps(fake_vllm.STEP_LOG, rids)) == len(rids)
+
+
+def test_neuron_platform_serves_arrivals_through_the_engine(fake_vllm, monkeypatch, tmp_path):
+    """Continuous mode through the real engine boundary on the plugin's scheduler (the fake
+    vLLM): no request is handed over before its arrival, first tokens come in arrival order,
+    a request beyond the slots waits for one, and times count from each arrival."""
+    monkeypatch.setenv("FAKE_VLLM_PLATFORM", "neuron")
+    r = get_runner(target("inf2", shape=SMALL, warmup=0, artifacts_dir=str(tmp_path)))
+    lin, lout = [10, 100, 30, 12, 5], [3, 2, 4, 1, 3]
+    arr = [0.0, 0.0, 0.0, 0.0, 0.08]
+    try:
+        assert "continuous" in r.modes
+        run = r.run_workload(Candidate(1, 2, (64, 128), (64, 128)), Requests(lin, lout, arr), mode="continuous")
+    finally:
+        r.close()
+    assert run.mode == "continuous" and not run.simulated
+    assert (run.ttft_s > 0).all() and (run.e2e_s >= run.ttft_s).all()
+    assert run.e2e_s[3] == pytest.approx(run.ttft_s[3])  # a one-token request ends at its first token
+    adds = dict(fake_vllm.ADD_LOG)
+    ids = sorted(adds, key=lambda rid: int(rid.split("-")[1]))
+    t0 = adds[ids[0]]
+    # the late one is handed over at its arrival (the run's origin is a hair before the first hand-over)
+    assert 0.08 - 1e-3 <= adds[ids[4]] - t0 < 0.08 + 0.05
+    assert run.total_s >= 0.08 + run.e2e_s[4]
+    first = [next(i for i, log in enumerate(fake_vllm.STEP_LOG) for rid_, _, _, f in log if f and rid_ == rid)
+             for rid in ids]
+    assert first == sorted(first)  # FIFO
+    done1 = max(i for i, log in enumerate(fake_vllm.STEP_LOG) for rid_, _, _, _ in log if rid_ in ids[:2])
+    assert first[2] > min(first[:2]) and first[2] <= done1 + 1  # the third took a freed slot
+    assert all(sum(kind == "decode" for _, kind, _, _ in log) <= 2 for log in fake_vllm.STEP_LOG)
+
+
+def test_a_served_run_crosses_the_engine_process(fake_sdk, monkeypatch, tmp_path):
+    """Continuous mode as it runs for real: the engine in a child process of its own, the
+    arrivals and the per-request times over its socket."""
+    pkg = tmp_path / "site" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(FAKE_VLLM_SRC)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))  # the child imports from the parent's path
+    monkeypatch.setenv("FAKE_VLLM_PLATFORM", "neuron")
+    assert vr.VllmRunner.one_unit_per_process
+    r = get_runner(target("inf2", shape=SMALL, warmup=1, artifacts_dir=str(tmp_path / "art")))
+    reqs = Requests([10, 100, 30], [3, 2, 4], [0.0, 0.0, 0.05])
+    try:
+        run = r.run_workload(Candidate(1, 2, (64, 128), (64, 128)), reqs, mode="continuous")
+        pid = r._engine.pid
+    finally:
+        r.close()
+    assert pid != os.getpid() and run.mode == "continuous"
+    assert (run.ttft_s > 0).all() and (run.e2e_s >= run.ttft_s).all() and run.total_s >= 0.05
+
+
+@pytest.mark.parametrize("key,value,fix", [("prefill_priority", "decode", 'prefill_priority = "prefill"'),
+                                           ("max_prefills", 1, "max_prefills = 0")])
+def test_continuous_mode_on_neuron_needs_the_plugins_scheduler(key, value, fix):
+    from lens.types import Scheduler
+
+    t = target("inf2", shape=SMALL)
+    t = Target(**{**t.__dict__, "serving": "continuous", "scheduler": Scheduler(**{key: value})})
+    with pytest.raises(UserError, match=rf"\[target.scheduler\] {key} = .*set {re.escape(fix)}"):
+        get_runner(t)
+    assert get_runner(Target(**{**t.__dict__, "scheduler": Scheduler()})).modes == ("static", "continuous")
+
+
+def test_continuous_mode_on_a_gpu_is_refused_with_the_reason(fake_runner):
+    assert fake_runner.modes == ("static",)
+    reqs = Requests([10, 20], [2, 2], [0.0, 0.1])
+    with pytest.raises(UserError, match=r"\(gpu\): continuous mode is not measured here: .*mixed step.*"
+                                        r'serving = "static"'):
+        fake_runner.run_workload(Candidate(1, 2, (64, 128), (64, 128)), reqs, mode="continuous")
+    t = Target(**{**fake_runner.target.__dict__, "serving": "continuous"})
+    with pytest.raises(UserError, match="chunked prefill"):
+        get_runner(t)
+    assert get_runner(target("tpu-v6e", shape=SMALL)).modes == ("static", "continuous")  # batch 1: one slot
+
+
+def test_the_loader_names_the_file_of_a_continuous_target_vllm_does_not_serve(tmp_path):
+    from lens.errors import SpaceError
+    from spaces import load_space
+
+    text = (ROOT / "spaces" / "vllm-gpu-example.toml").read_text()
+    assert text.index("seed = 0\n") < text.index("[target.model]") and "requests = 200\n" in text
+    p = tmp_path / "gpu-serving.toml"
+    p.write_text(text.replace("seed = 0\n", 'seed = 0\nserving = "continuous"\n', 1)
+                 .replace("requests = 200\n", "requests = 200\narrival_rate = 2.0\n", 1))
+    with pytest.raises(SpaceError, match=re.escape(str(p)) + r".*continuous mode is not measured here"):
+        load_space(p)
 
 
 def test_pyproject_extras_pin_the_runners_ranges():
@@ -995,3 +1183,38 @@ class TestVllmGpuConformance(RunnerConformance):
         return Target(name="conformance-vllm-missing", runner="vllm", hardware="gpu", bucket_policy="exclusive",
                       dtype="bfloat16", model=self.model, prefill="batched",
                       options=(("gpu_memory_utilization", 0.3), ("model", "/nonexistent/lensopt-no-model")))
+
+
+class TestVllmNeuronEngineConformance(RunnerConformance):
+    """The real engine boundary (``_VllmEngine``) on the neuron platform against the fake vLLM
+    package and its plugin scheduler: static batches and continuous serving of arrivals."""
+
+    model = SMALL
+    policies = ("exclusive",)  # NxD Inference's rule
+    prefills = ("sequential",)  # the plugin encodes one prompt per step
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def _fake_backend(cls, tmp_path_factory):
+        mod = types.ModuleType("vllm")
+        exec(FAKE_VLLM_SRC, mod.__dict__)
+        cls.artifacts = str(tmp_path_factory.mktemp("vllm-neuron-artifacts"))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(sys.modules, "vllm", mod)
+            mp.setenv("FAKE_VLLM_PLATFORM", "neuron")
+            mp.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+            mp.setattr(vr.VllmRunner, "one_unit_per_process", False)
+            mp.setattr(vr, "sdk_versions", lambda platform: dict(FAKE_VERSIONS))
+            yield
+
+    def make_target(self, *, model: ModelShape | None = None, policy: str = "exclusive") -> Target:
+        return Target(name="conformance-vllm-neuron-fake", runner="vllm", hardware="inf2", bucket_policy=policy,
+                      dtype="bfloat16", model=model or self.model, prefill="sequential",
+                      options=(("artifacts_dir", self.artifacts), ("warmup", 0)))
+
+    def make_unusable_target(self) -> Target:
+        # real weights from a folder without a checkpoint: the plugin fails when the engine starts
+        return Target(name="conformance-vllm-neuron-missing", runner="vllm", hardware="inf2",
+                      bucket_policy="exclusive", dtype="bfloat16", model=self.model, prefill="sequential",
+                      options=(("artifacts_dir", self.artifacts), ("load_format", "auto"),
+                               ("model", "/nonexistent/lensopt-no-model")))
