@@ -26,10 +26,16 @@ Runners (``--runner``):
   protocol; its device is SIMULATED (its own cost model and host effects, not lens');
 - ``sim``: the simulated fleet (runners.sim, ``--hardware`` picks the devices), SIMULATED
   with the effects real stacks have (real-context attention, KV copies, host costs,
-  stragglers, drift), stepped by its own continuous-batching machine.
+  stragglers, drift), stepped by its own continuous-batching machine;
+- ``--space FILE`` instead: the target of a space file (its runner, model, bucket policy,
+  ``[target.scheduler]``, ``[budget]`` drift settings), with the space's buckets and the
+  workloads' lengths as they are. This is the table on an accelerator host, for example a
+  ``vllm`` target on the neuron platform (docs/vllm.md), whose runner serves continuous
+  mode there.
 
-    python benchmarks/serving_accuracy.py [--runner jax|command|sim] [--units 1x4,1x8] [--hardware inf2,tpu-v6e]
-                                          [--requests 120] [--repeats 3] [--rates 0.15,0.5,0.8] [--csv FILE]
+    python benchmarks/serving_accuracy.py [--runner jax|command|sim | --space FILE] [--units 1x4,1x8]
+                                          [--hardware inf2,tpu-v6e] [--requests 120] [--repeats 3]
+                                          [--rates 0.15,0.5,0.8] [--csv FILE]
 """
 from __future__ import annotations
 
@@ -51,7 +57,8 @@ from lens.capacity import saturation_rate  # noqa: E402
 from lens.compose import UnitTable  # noqa: E402
 from lens.distributions import sample  # noqa: E402
 from lens.probes import plan_probes, solve  # noqa: E402
-from lens.serving import Scheduler, predict_serving  # noqa: E402
+from lens.errors import LensoptError  # noqa: E402
+from lens.serving import predict_serving  # noqa: E402
 from lens.serving_metrics import summarize_serving, summarize_serving_prediction  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
@@ -108,6 +115,8 @@ def err(pred: float, meas: float) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runner", default="jax", choices=("jax", "command", "sim"))
+    ap.add_argument("--space", help="measure the target of this space file (its buckets, scheduler and budget) "
+                                    "instead of --runner's")
     ap.add_argument("--hardware", default="inf2,tpu-v6e", help="sim: the simulated devices, comma separated")
     ap.add_argument("--units", default="1x4,1x8", help="tp x batch units, comma separated")
     ap.add_argument("--requests", type=int, default=120)
@@ -125,24 +134,35 @@ def main(argv=None) -> int:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
 
     fracs = [float(x) for x in args.rates.split(",")]
-    sched = Scheduler()
     rows = []
     t_start = time.perf_counter()
-    devices = args.hardware.split(",") if args.runner == "sim" else [""]
-    for hw in devices:
-        target, buckets, scale = setup(args.runner, hw)
-        runner = get_runner(target)
-        sim = " (SIMULATED device)" if runner.simulated else ""
-        loads = workloads(args.requests, scale, buckets[-1], args.seed)
-        rows += measure(args, runner, target, buckets, loads, fracs, sched)
-    print(f"Continuous batching on {args.runner}{sim}: {', '.join(setup(args.runner, h)[0].name for h in devices)}, "
+    try:
+        if args.space:
+            from spaces import load_space
+
+            space = load_space(args.space)
+            setups = [(space.target, tuple(space.search.buckets), 1.0)]
+            budget = space.budget
+        else:
+            setups = [setup(args.runner, hw) for hw in (args.hardware.split(",") if args.runner == "sim" else [""])]
+            budget = Budget()
+        for target, buckets, scale in setups:
+            runner = get_runner(target)
+            sim = " (SIMULATED device)" if runner.simulated else ""
+            runner.check_mode("continuous")  # a runner that does not serve it says so before anything runs
+            loads = workloads(args.requests, scale, buckets[-1], args.seed)
+            rows += measure(args, runner, target, buckets, loads, fracs, target.scheduler, budget)
+    except LensoptError as exc:
+        print(f"serving_accuracy: {exc}", file=sys.stderr)
+        return 2
+    print(f"Continuous batching on {setups[0][0].runner}{sim}: {', '.join(s[0].name for s in setups)}, "
           f"buckets {list(buckets)}, {args.requests} requests per run, {args.repeats} repeats (median; "
           f"spread = (max - min) / median), {time.perf_counter() - t_start:.0f} s")
     report(rows, fracs, args.csv)
     return 0
 
 
-def measure(args, runner, target, buckets, loads, fracs, sched) -> list[dict]:
+def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[dict]:
     """Profile each unit, then predict and serve every workload at every rate."""
     rows = []
     for spec in args.units.split(","):
@@ -167,7 +187,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched) -> list[dict]:
                 pred = summarize_serving_prediction(timed, predict_serving(table, timed, scheduler=sched), chips=tp)
                 # as a confirmation does it (search.drift_check, budget.drift_check = "side-by-side"): the
                 # probes of the buckets the requests use in rounds around and between the repeats
-                check = DriftCheck.build(serving, cand, timed, profiles, budget=Budget(), profile=settings,
+                check = DriftCheck.build(serving, cand, timed, profiles, budget=budget, profile=settings,
                                          all_buckets=buckets)
                 runs, dr = checked(runner, Unit(serving, tp, batch), check,
                                    [lambda: runner.run_workload(cand, timed, mode="continuous")] * args.repeats)

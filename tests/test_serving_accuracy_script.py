@@ -1,0 +1,50 @@
+"""``benchmarks/serving_accuracy.py --space FILE``: the serving accuracy table for a space file's
+target (the path an accelerator host takes), here on the simulated inf2 of ``spaces/sim-inf2.toml``."""
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "serving_accuracy.py"
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_a_space_files_target_gets_the_table_with_its_buckets_and_scheduler(tmp_path):
+    text = (ROOT / "spaces" / "sim-inf2.toml").read_text()
+    served = (text.replace("[target]\n", '[target]\nserving = "continuous"\n', 1)
+              .replace("[workload]\n", "[workload]\narrival_rate = 1.0\n", 1))
+    tables = {}
+    # the default scheduler, and one of its own (JetStream's one prefill per iteration)
+    for name, body in (("default", served),
+                       ("one-prefill", served.replace("[target.model]", "[target.scheduler]\nmax_prefills = 1\n\n"
+                                                      "[target.model]", 1))):
+        space, out = tmp_path / f"{name}.toml", tmp_path / f"{name}.csv"
+        space.write_text(body)
+        proc = run("--space", str(space), "--units", "1x4", "--requests", "24", "--repeats", "1", "--rates", "0.8",
+                   "--csv", str(out), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "SIMULATED" in proc.stdout and "within 10%" in proc.stdout
+        rows = list(csv.DictReader(out.open()))
+        assert len(rows) == 2 * 7  # two workloads x seven metrics at one rate
+        assert {r["unit"] for r in rows} == {"inf2 tp1 b4"}
+        thr = [r for r in rows if r["metric"] == "throughput"]
+        assert all(abs(float(r["error_%"])) < 10 for r in thr), thr  # the simulated stack serves what it is offered
+        tables[name] = {(r["workload"], r["metric"]): float(r["predicted"]) for r in rows}
+    # the space's scheduler reached the prediction: one prefill per iteration changes the first tokens
+    assert any(tables["default"][k] != tables["one-prefill"][k] for k in tables["default"] if k[1].startswith("TTFT"))
+
+
+def test_a_space_whose_runner_does_not_serve_continuous_mode_fails_in_one_line(tmp_path):
+    proc = run("--space", str(ROOT / "spaces" / "neuron-inf2-example.toml"), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "serving_accuracy: runner 'neuron' (neuron-inf2-llama3.2-1b-random) does not run continuous mode; it runs "
+        "static (docs/serving.md says what a runner must do to serve it)"]
+    proc = run("--space", str(tmp_path / "missing.toml"), cwd=tmp_path)
+    assert proc.returncode == 2 and "missing.toml" in proc.stderr and "Traceback" not in proc.stderr
