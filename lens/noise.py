@@ -173,3 +173,17 @@ def median_se(runs: np.ndarray, *, draws: int = 400, seed: int = SEED) -> np.nda
     rng = np.random.default_rng(seed)
     meds = np.median(a[rng.integers(0, passes, size=(draws, passes))], axis=1)  # (draws, requests)
     return spread(meds) / np.median(a, axis=0)
+
+
+#: the standard error of the median of n normal draws is about sqrt(pi / 2) sigma / sqrt(n)
+MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)
+
+
+def passes_for(jitter: float, *, target: float, least: int, most: int) -> int:
+    """The passes whose per-request medians are uncertain by about ``target`` (a share) on a host
+    whose identical runs jitter by ``jitter`` (a relative robust sd), within ``[least, most]``."""
+    if not least <= most:
+        raise ValueError(f"passes_for: least {least} > most {most}")
+    if not math.isfinite(jitter) or jitter <= 0:
+        return least
+    return max(least, min(most, math.ceil((MEDIAN_SE_FACTOR * jitter / target) ** 2)))

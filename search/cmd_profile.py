@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import shlex
 import sys
 import time
@@ -27,12 +26,8 @@ from .cli_common import (
 )
 from .cli_serving import add_serving_args, check_serving_args, print_serving, request_slo, with_arrivals
 from .drift_check import DriftCheck, DriftOutcome, checked
+from .passes import Passes, choose, noise_line, repeats_arg
 from .profiler import check_subset, profile_missing
-
-#: most end-to-end runs of one ``measure`` (each runs the whole request list)
-MAX_MEASURE_REPEATS = 1000
-#: the most passes the measurement-noise hint suggests
-NOISE_HINT_REPEATS = 100
 
 
 def register(sub) -> None:
@@ -64,7 +59,9 @@ def register(sub) -> None:
     add_request_args(p)
     add_serving_args(p)
     add_cache_arg(p)
-    p.add_argument("--repeats", type=int_arg, default=3, help="repeats; per-request medians are reported (default 3)")
+    p.add_argument("--repeats", type=repeats_arg, default="auto",
+                   help="passes of the requests, each request's median reported; auto (default): as many as the "
+                        "host's jitter now asks for medians within 1%%, 3 to 30 (search/passes.py)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_measure)
 
@@ -280,10 +277,6 @@ def cmd_measure(args) -> int:
     space, tp, batch = space_and_unit(args)
     cand = candidate_from_args(args, space)
     mode, requests, sample, serving = _requests(args, space, cand)
-    if not 1 <= args.repeats <= MAX_MEASURE_REPEATS:
-        from lens.errors import UserError
-
-        raise UserError(f"--repeats {args.repeats}: must be between 1 and {MAX_MEASURE_REPEATS}")
     runner = get_runner(space.target)
     from lens.types import Unit, WorkloadRun
 
@@ -300,10 +293,16 @@ def cmd_measure(args) -> int:
     profiles = _cached(args, runner, cand)
     check = DriftCheck.of(space, cand, requests, profiles)
     t0 = time.perf_counter()
+    if args.repeats == "auto":
+        pred = _predicted(space, cand, profiles, requests, serving=serving is not None)
+        passes = choose(runner, unit, check, pred.total_s if pred is not None else None)
+    else:
+        passes = Passes(args.repeats)
+    repeats = passes.n
     # rounds of probes before, between and after the passes (the drift over the measurement's own window),
     # and the requests' buckets profiled on the host as it was during them (search.drift_check)
     runs, dr = checked(runner, unit, check,
-                       [lambda: runner.run_workload(cand, requests, mode=serve_mode)] * args.repeats)
+                       [lambda: runner.run_workload(cand, requests, mode=serve_mode)] * repeats)
     wall = time.perf_counter() - t0
     drift = dr.drift.value if dr is not None else None
     ref_extra = _drift_extra(dr, check, space.budget.drift_tolerance) if dr is not None else {}
@@ -313,14 +312,15 @@ def cmd_measure(args) -> int:
     spread_each = (e2e_all.max(axis=0) - e2e_all.min(axis=0)) / e2e
     tpot = tpot_of(ttft, e2e, requests.output_len)
     # the measurement's own noise: each request's median's standard error over the passes (none from one)
-    noise = float(np.mean(median_se(e2e_all)) * 100) if args.repeats > 1 else None
+    noise = float(np.mean(median_se(e2e_all)) * 100) if repeats > 1 else None
     if serving is not None:
         summary = summarize_serving(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp, slo=serving[2])
     else:
         summary = summarize(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp)
     sim = med.simulated or runner.simulated
     extra = {
-        "repeats": args.repeats,
+        "repeats": repeats,
+        **({"repeats_auto": passes.to_json()} if passes.auto else {}),
         "spread": float(np.median(spread_each)),
         "spread_max": float(spread_each.max()),
         **({"measurement_noise_pct": noise} if noise is not None else {}),
@@ -335,33 +335,16 @@ def cmd_measure(args) -> int:
                             reprofiled=dr.profiles if dr is not None else {}),
     }
     label = (f"measurement ({'SIMULATED ' if sim else ''}{space.target.runner} on {space.target.hardware}, "
-             f"median of {args.repeats}) for {cand.label()} on {space.target.name}")
+             f"median of {repeats}) for {cand.label()} on {space.target.name}")
     if serving is not None:
         _serving_out("measured", args, requests, summary, extra, serving, label, sample, ttft, tpot, e2e)
     else:
         _report("measured", requests, ttft, tpot, e2e, summary, extra, args.json, label, sample)
     if not args.json:
         print(_drift_line(dr, check, space.budget))
-        print(_noise_line(noise, args.repeats))
+        print(passes.said())
+        print(noise_line(noise, repeats))
     return 0
-
-
-def _noise_line(se: float | None, repeats: int) -> str:
-    """What the measurement's own noise (``se``, % of each request's median; None from one pass) lets its
-    error say."""
-    if se is None:
-        return ("measurement noise: unknown with one pass (--repeats 3 or more gives each request's median and "
-                "how far it can be trusted)")
-    line = (f"measurement noise: each request's median over {repeats} passes is uncertain by about {se:.1f}% "
-            f"(bootstrapped over the passes): prediction errors of that size are the measurement's own")
-    if se > 1.0:  # the standard error of a median goes as 1/sqrt(passes)
-        more = int(math.ceil(repeats * se ** 2))
-        if more <= NOISE_HINT_REPEATS:
-            line += f"; about --repeats {more} would bring it near 1%"
-        elif repeats < NOISE_HINT_REPEATS:
-            line += (f"; on a host this noisy even --repeats {NOISE_HINT_REPEATS} would leave about "
-                     f"{se * math.sqrt(repeats / NOISE_HINT_REPEATS):.1f}%")
-    return line
 
 
 def _cached(args, runner, cand) -> dict:
@@ -373,15 +356,20 @@ def _cached(args, runner, cand) -> dict:
         return cache.get_unit(runner.fingerprint(), cand.tp, cand.batch)
 
 
-def _predicted_e2e(space, cand, profiles, requests, *, serving: bool) -> np.ndarray | None:
-    """Per-request E2E predicted from ``profiles`` (None when they miss a bucket the candidate needs)."""
+def _predicted(space, cand, profiles, requests, *, serving: bool):
+    """The prediction of ``requests`` from ``profiles`` (None when they miss a bucket the candidate needs)."""
     try:
         tbl = UnitTable.build(cand, profiles, policy=space.target.bucket_policy, prefill=space.target.prefill)
     except MissingProfiles:
         return None
-    pred = (predict_serving(tbl, requests, scheduler=space.target.scheduler) if serving
+    return (predict_serving(tbl, requests, scheduler=space.target.scheduler) if serving
             else predict(tbl, requests, mode=space.target.batching))
-    return pred.e2e_s
+
+
+def _predicted_e2e(space, cand, profiles, requests, *, serving: bool) -> np.ndarray | None:
+    """Per-request E2E predicted from ``profiles`` (None when they miss a bucket the candidate needs)."""
+    pred = _predicted(space, cand, profiles, requests, serving=serving)
+    return None if pred is None else pred.e2e_s
 
 
 def _prediction_error(space, cand, profiles, requests, e2e, drift, *, serving: bool, reprofiled) -> dict:

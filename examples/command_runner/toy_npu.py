@@ -39,8 +39,10 @@ whose slow-down is not alike for every part of the work).
 ``--only-batch N`` limits the misbehaviour to units and candidates of batch N;
 ``--fail-times N --count-file PATH`` to the first N calls (counted in PATH);
 ``--after N --count-file PATH`` to the calls after the first N (a host that drifts later).
-``$TOY_NPU_MODE``, ``$TOY_NPU_DRIFT`` and ``$TOY_NPU_DRIFT_DECODE`` give ``--mode``, ``--drift`` and
-``--drift-decode`` when they are not on the command line: the environment is no part of the fingerprint, so a host can be made to
+``--jitter SIGMA`` (any mode) is a busy host: every run takes a fresh lognormal factor of that
+sigma, drawn anew each time (not reproducible, as another process's load is not).
+``$TOY_NPU_MODE``, ``$TOY_NPU_DRIFT``, ``$TOY_NPU_DRIFT_DECODE`` and ``$TOY_NPU_JITTER`` give ``--mode``,
+``--drift``, ``--drift-decode`` and ``--jitter`` when they are not on the command line: the environment is no part of the fingerprint, so a host can be made to
 drift between a profile and a measurement without changing the device lensopt sees.
 """
 import argparse
@@ -106,9 +108,16 @@ class Host:
     times slower (``straggler``), or all slower by a factor (``drift``: ``drift_decode`` for
     decode steps)."""
 
-    def __init__(self, mode="ok", every=50.0, factor=4.0, drift=1.15, drift_decode=None):
+    def __init__(self, mode="ok", every=50.0, factor=4.0, drift=1.15, drift_decode=None, jitter=0.0):
         self.mode, self.every, self.factor, self.drift = mode, every, factor, drift
         self.drift_decode = drift if drift_decode is None else drift_decode
+        self.jitter = jitter
+        self._busy = random.SystemRandom()
+
+    def run_factor(self):
+        """A busy host's share of one run: a lognormal factor of sigma ``jitter``, drawn afresh on every
+        run and every call of the program (never reproducible, as another process's load is not)."""
+        return self._busy.lognormvariate(0.0, self.jitter) if self.jitter > 0 else 1.0
 
     def calls(self, costs, rng, decode=False):
         """Seconds of a sequence of graph calls of ``costs`` seconds each (``decode``: decode steps)."""
@@ -262,7 +271,7 @@ def op_profile(req, host):
         # repeats meets other stragglers), never on anything but the request
         slow = _rng("straggle", seed, tp, batch, key, seen[key], repeats)
         times = [(host.launch(HOST_CALL_S) + host.calls(prefills, slow) + host.calls(steps, slow, decode=True))
-                 * rng.lognormvariate(0.0, NOISE) for _ in range(repeats)]
+                 * rng.lognormvariate(0.0, NOISE) * host.run_factor() for _ in range(repeats)]
         runs.append({"bucket": bucket, "input_len": l_in, "output_len": l_out, "times_s": times})
         run_s += sum(times)
     compile_s = sum(dev.compile_s("ctx", b) + dev.compile_s("tkg", b) for b in buckets)
@@ -306,7 +315,7 @@ def op_run_workload(req, host):
         ttft, e2e, total = serve(lin, lout, arrival, batch, lambda l: host.calls([pre[select(l, ctx, policy)]], slow),
                                  lambda c, live: host.calls([dec[select(c, tkg, policy)] + HOST_ROW_S * live], slow,
                                                             decode=True),
-                                 rng.lognormvariate(0.0, NOISE), sched.get("max_prefills", 0),
+                                 rng.lognormvariate(0.0, NOISE) * host.run_factor(), sched.get("max_prefills", 0),
                                  sched.get("prefill_priority", "prefill") == "prefill")
         return {"protocol": PROTOCOL, "ttft_s": ttft, "e2e_s": e2e, "total_s": total,
                 "compile_s": compile_s, "run_s": total, "host": host_name()}
@@ -317,7 +326,7 @@ def op_run_workload(req, host):
     total = 0.0
     for s in range(0, n, batch):
         idx = list(range(s, min(s + batch, n)))
-        f = rng.lognormvariate(0.0, NOISE)
+        f = rng.lognormvariate(0.0, NOISE) * host.run_factor()
         t = host.launch(HOST_CALL_S) * f
         for i in idx:  # prompts one by one: a request's first token lands when its own prefill ends
             t += host.calls([pre[select(lin[i], ctx, policy)]], slow) * f
@@ -447,7 +456,13 @@ def main(argv=None):
                     default=float(os.environ["TOY_NPU_DRIFT_DECODE"]) if os.environ.get("TOY_NPU_DRIFT_DECODE") else None,
                     help="--mode drift: how many times slower a decode step is (default: $TOY_NPU_DRIFT_DECODE, "
                          "else --drift)")
+    ap.add_argument("--jitter", type=float, default=float(os.environ.get("TOY_NPU_JITTER", "0")),
+                    help="a busy host in any mode: every run (a profile repeat, a static batch, a served run) "
+                         "takes a fresh lognormal factor of this sigma, not reproducible (default: $TOY_NPU_JITTER, "
+                         "else 0)")
     args = ap.parse_args(argv)
+    if args.jitter < 0:
+        ap.error("--jitter %r: give a sigma >= 0" % (args.jitter,))
     if args.mode not in MODES:
         ap.error("TOY_NPU_MODE=%r is not one of %s" % (args.mode, ", ".join(MODES)))
 
@@ -490,7 +505,7 @@ def main(argv=None):
         if not isinstance(req, dict) or req.get("protocol") != PROTOCOL:
             raise ToyError("toy-npu speaks protocol %d, the request has %r"
                            % (PROTOCOL, req.get("protocol") if isinstance(req, dict) else None))
-        host = Host(mode, args.straggler_every, args.straggler_factor, args.drift, args.drift_decode)
+        host = Host(mode, args.straggler_every, args.straggler_factor, args.drift, args.drift_decode, args.jitter)
         if op == "describe":
             reply = op_describe(req, args.label, args.modes.split(","))
         elif op == "profile":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import sys
 import textwrap
@@ -135,9 +136,9 @@ def test_measure_judges_the_runs_on_the_buckets_profiled_side_by_side_with_them(
     (200, 3.0, "uncertain by about 3.0%"),
 ])
 def test_the_noise_line_says_what_more_passes_would_buy(repeats, se, says):
-    from search.cmd_profile import _noise_line
+    from search.passes import noise_line
 
-    line = _noise_line(se, repeats)
+    line = noise_line(se, repeats)
     assert line.startswith("measurement noise: ") and says in line
     if repeats == 200:
         assert "--repeats" not in line  # more than the hint's cap already: nothing to suggest
@@ -368,3 +369,72 @@ def test_a_side_by_side_bucket_that_straggled_is_run_again():
     assert dr.run_again == (128,) and calls == 5 and err < 0.6 * got[1][3]
     assert p.ttft_err_s < got[1][2].ttft_err_s and p.repeats == 2 * got[1][2].repeats
     assert dr.reprofile_s > got[1][0].reprofile_s  # what the runs again cost is counted
+
+
+def test_auto_passes_follow_the_hosts_jitter_now(tmp_path, capsys, monkeypatch):
+    """--repeats auto (the default): 3 passes on a quiet host; on a busy one as many as its jitter now asks
+    for (1% medians), held to 30, and the noise they leave is reported beside them."""
+    from search import passes
+
+    sp, cache = space(tmp_path / "s.toml"), tmp_path / "c.sqlite"
+    assert main(["profile", str(sp), "--tp", "1", "--batch", "2", "--cache", str(cache), "--json"]) == 0
+    quiet = measure(sp, cache, capsys)
+    assert quiet["repeats"] == passes.LEAST and quiet["repeats_auto"]["jitter_pct"] < 1.0
+    assert quiet["repeats_auto"]["pilot_s"] > 0 and quiet["repeats_auto"]["limit"] == ""
+    monkeypatch.setenv("TOY_NPU_JITTER", "0.15")  # minutes later another process shares the host
+    busy = measure(sp, cache, capsys)
+    auto = busy["repeats_auto"]
+    assert 7.5 < auto["jitter_pct"] < 30.0  # the reference probe's runs see it (10 of them: roughly)
+    assert auto["wanted"] > passes.MOST and busy["repeats"] == passes.MOST and "at most 30" in auto["limit"]
+    assert len(busy["reference_probe"]["times_by_round_s"]) == passes.MOST + 1  # rounds around every pass
+    assert busy["measurement_noise_pct"] < 6.0  # 30 passes of a 15% host: medians within about 3.4%
+    three = measure(sp, cache, capsys, "--repeats", "3")  # what three passes would have left
+    assert three["repeats"] == 3 and "repeats_auto" not in three
+    assert three["measurement_noise_pct"] > busy["measurement_noise_pct"]
+    capsys.readouterr()
+    assert main(["measure", str(sp), "--tp", "1", "--batch", "2", *reqs(tmp_path), "--cache", str(cache)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^passes: 30 \(auto: the reference probe's runs jitter by [\d.]+% now; medians within 1% "
+                     r"take about \d+, held to 30 by at most 30 passes\)$", text, re.M), text
+
+
+def test_auto_passes_without_a_cached_profile_and_the_flags_bad_values(tmp_path, capsys):
+    sp = space(tmp_path / "s.toml")
+    capsys.readouterr()
+    assert main(["measure", str(sp), "--tp", "1", "--batch", "2", *reqs(tmp_path), "--cache",
+                 str(tmp_path / "none.sqlite"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["repeats"] == 3 and out["repeats_auto"]["jitter_pct"] is None
+    assert "nothing cached" in out["repeats_auto"]["limit"]
+    for bad in ("0", "many", "1001"):
+        with pytest.raises(SystemExit) as exc:
+            main(["measure", str(sp), "--tp", "1", "--batch", "2", *reqs(tmp_path), "--repeats", bad])
+        assert exc.value.code == 2
+        assert "--repeats" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("jitter, n", [
+    (0.0, 3), (float("nan"), 3),  # nothing to tell: the fewest
+    (0.004, 3),  # sqrt(pi/2) * 0.4 = 0.50: one pass would do, held to the fewest
+    (0.02, 7),  # (sqrt(pi/2) * 2)^2 = 6.28
+    (0.04, 26),  # 25.1: four times the passes for twice the jitter
+    (0.1, 40),  # 157: held to the most
+])
+def test_passes_for_goes_as_the_square_of_the_jitter(jitter, n):
+    from lens.noise import passes_for
+
+    assert passes_for(jitter, target=0.01, least=3, most=40) == n
+    with pytest.raises(ValueError):
+        passes_for(0.02, target=0.01, least=5, most=4)
+
+
+def test_auto_passes_fit_the_time_budget(tmp_path, capsys, monkeypatch):
+    from search import passes
+
+    sp, cache = space(tmp_path / "s.toml"), tmp_path / "c.sqlite"
+    assert main(["profile", str(sp), "--tp", "1", "--batch", "2", "--cache", str(cache), "--json"]) == 0
+    monkeypatch.setenv("TOY_NPU_JITTER", "0.15")  # a host that asks for more than the most passes
+    monkeypatch.setattr(passes, "BUDGET_S", 1e-9)  # and not one pass fits the budget: the fewest, and why
+    out = measure(sp, cache, capsys)
+    assert out["repeats"] == passes.LEAST and "budget of passes" in out["repeats_auto"]["limit"]
+    assert out["repeats_auto"]["wanted"] > passes.MOST
