@@ -61,7 +61,8 @@ from lens.buckets import validate_buckets
 from lens.errors import RunnerUnavailable, UserError
 from lens.types import Candidate, ModelShape, Requests, Target, Unit, WorkloadRun, stable_hash
 
-from ._llm_common import EngineRunner, TimedBatch, check_requests, times_from_steps
+from ._engine_timing import TimedBatch, times_from_steps
+from ._llm_common import EngineRunner, check_requests
 from ._llm_host import base_versions, dist_versions, llama_hf_config, neuron_driver_version
 
 #: model family -> (module, InferenceConfig class, model class) in neuronx_distributed_inference.models

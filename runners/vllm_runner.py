@@ -63,7 +63,7 @@ first request of its batch was queued.
 ``neuron`` (the plugin prefills one waiting prompt per step into a free slot, ahead of the
 running decodes; the target's scheduler must keep its defaults) and on ``tpu`` (batch 1:
 one slot).  Request i is handed to the engine once the wall clock passes its arrival,
-every arrived request before each step (``_llm_common.drive_arrivals``); TTFT and E2E
+every arrived request before each step (``_engine_timing.drive_arrivals``); TTFT and E2E
 count from each arrival.  Refused on ``gpu``, where V1 mixes an arriving prompt into the
 running decodes' step, which the bucket profiles do not describe.
 
@@ -90,7 +90,8 @@ from typing import Any, Mapping, Sequence
 from lens.errors import RunnerError, RunnerUnavailable, UserError
 from lens.types import Candidate, Target, Unit, stable_hash
 
-from ._llm_common import EngineRunner, RequestClock, StepObservation, TimedBatch, drive_arrivals, drive_steps
+from ._engine_timing import RequestClock, StepObservation, TimedBatch, drive_arrivals, drive_steps
+from ._llm_common import EngineRunner
 from ._llm_host import base_versions, dist_version, dist_versions, llama_hf_config, neuron_driver_version, nvidia_info
 from ._vllm_spec import (
     CUDA_GRAPH_MODES,

@@ -19,7 +19,7 @@ from lens.probes import plan_probes, solve
 from lens.types import Candidate, ModelShape, Requests, Target, Unit
 from runners import get_runner
 from runners import neuron as nr
-from runners._llm_common import times_from_steps
+from runners._engine_timing import times_from_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
@@ -482,7 +482,7 @@ def _alive(pid: int) -> bool:
 
 def test_engine_messages_are_json_and_rebuild_only_the_projects_dataclasses():
     from runners import _engine_host as host
-    from runners._llm_common import TimedBatch
+    from runners._engine_timing import TimedBatch
 
     spec = nr.NeuronUnitSpec(key="k", tp=2, batch=4, family="llama", neuron_config={"seq_len": 128, "b": [1, 2]},
                              checkpoint="/c", random_weights=True, shape=SMALL, dtype="bfloat16", seed=0,

@@ -26,7 +26,7 @@ from lens.types import Candidate, ModelShape, Probe, Requests, Target, Unit
 from runners import get_runner
 from runners import _llm_host as host
 from runners import vllm_runner as vr
-from runners._llm_common import RequestClock, StepObservation, TimedBatch, drive_arrivals, drive_steps
+from runners._engine_timing import RequestClock, StepObservation, TimedBatch, drive_arrivals, drive_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
