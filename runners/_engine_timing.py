@@ -17,6 +17,7 @@ from lens.errors import RunnerError
 
 from ._clock import wait_until
 
+
 @dataclass(frozen=True, eq=False)
 class TimedBatch:
     """Per-request times (seconds from the batch's start) of one batch, and its wall time."""

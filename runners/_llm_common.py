@@ -224,6 +224,15 @@ class WorkloadTimes:
     ttft_sources: tuple[str, ...]
 
 
+def _warm_up(engine: Engine, requests: Requests, *, batch: int, warmup: int, prompts: PromptFn) -> float:
+    """``warmup`` untimed static runs of the first ``batch`` requests; their wall seconds."""
+    if not len(requests):
+        return 0.0
+    first = slice(0, min(batch, len(requests)))
+    lin, lout = requests.input_len[first].tolist(), requests.output_len[first].tolist()
+    return float(sum(engine.generate_timed(prompts(lin), lout).wall_s for _ in range(warmup)))
+
+
 def execute_workload(
     engine: Engine, requests: Requests, *, batch: int, warmup: int, prompts: PromptFn
 ) -> WorkloadTimes:
@@ -236,12 +245,8 @@ def execute_workload(
     ttft = np.zeros(n)
     e2e = np.zeros(n)
     total = 0.0
-    run_s = 0.0
+    run_s = _warm_up(engine, requests, batch=batch, warmup=warmup, prompts=prompts)
     sources: set[str] = set()
-    if n:
-        first = slice(0, min(batch, n))
-        for _ in range(warmup):
-            run_s += engine.generate_timed(prompts(lin[first].tolist()), lout[first].tolist()).wall_s
     for s in range(0, n, batch):
         sl = slice(s, min(s + batch, n))
         tb = engine.generate_timed(prompts(lin[sl].tolist()), lout[sl].tolist())
@@ -261,11 +266,7 @@ def execute_serving(engine: Engine, requests: Requests, *, batch: int, warmup: i
     """
     n = len(requests)
     lin, lout = requests.input_len, requests.output_len
-    run_s = 0.0
-    if n:
-        first = slice(0, min(batch, n))
-        for _ in range(warmup):
-            run_s += engine.generate_timed(prompts(lin[first].tolist()), lout[first].tolist()).wall_s
+    run_s = _warm_up(engine, requests, batch=batch, warmup=warmup, prompts=prompts)
     arr = np.asarray(requests.arrival_s, dtype=float)
     arr = arr - arr.min() if n else arr
     tb = engine.serve_timed(prompts(lin.tolist()), lout.tolist(), arr.tolist())

@@ -324,8 +324,8 @@ class VllmRunner(EngineRunner):
                 f"vllm runner: [target] prefill = \"{target.prefill}\", but vLLM on the {self.platform} platform encodes "
                 f"a batch's prompts {PREFILL_WHY[self.platform]}: set prefill = \"{want}\" under [target]"
             )
-        if target.serving == "continuous" and serving_refusal(self.platform, target):
-            raise UserError(serving_refusal(self.platform, target))
+        if target.serving == "continuous" and (why := serving_refusal(self.platform, target)):
+            raise UserError(why)
         self._versions: dict[str, str] | None = None
 
     @property

@@ -293,8 +293,9 @@ def cmd_measure(args) -> int:
     profiles = _cached(args, runner, cand)
     check = DriftCheck.of(space, cand, requests, profiles)
     t0 = time.perf_counter()
+    # the cached profiles' prediction: what the passes are judged on, and how long one should take
+    pred = _predicted(space, cand, profiles, requests, serving=serving is not None)
     if args.repeats == "auto":
-        pred = _predicted(space, cand, profiles, requests, serving=serving is not None)
         passes = choose(runner, unit, check, pred.total_s if pred is not None else None)
     else:
         passes = Passes(args.repeats)
@@ -332,7 +333,7 @@ def cmd_measure(args) -> int:
         "host_drift": drift,
         **ref_extra,
         **_prediction_error(space, cand, profiles, requests, e2e, drift, serving=serving is not None,
-                            reprofiled=dr.profiles if dr is not None else {}),
+                            predicted=pred, reprofiled=dr.profiles if dr is not None else {}),
     }
     label = (f"measurement ({'SIMULATED ' if sim else ''}{space.target.runner} on {space.target.hardware}, "
              f"median of {repeats}) for {cand.label()} on {space.target.name}")
@@ -372,18 +373,19 @@ def _predicted_e2e(space, cand, profiles, requests, *, serving: bool) -> np.ndar
     return None if pred is None else pred.e2e_s
 
 
-def _prediction_error(space, cand, profiles, requests, e2e, drift, *, serving: bool, reprofiled) -> dict:
+def _prediction_error(space, cand, profiles, requests, e2e, drift, *, serving: bool, predicted, reprofiled) -> dict:
     """Per-request E2E error of the cached profiles' prediction, as is and corrected for the host's drift.
 
     ``_reprofiled_pct``: predicted from the ``reprofiled`` buckets (profiled side by side with the
     runs, or again after them); ``_rescaled_pct``: times the drift (static batches only: queueing
     does not scale with the host's speed). ``_drift_corrected_pct`` is the first of them there is:
     the prediction a drift that counts is judged on. ``serving``: the continuous-batching
-    prediction at the same arrivals.
+    prediction at the same arrivals. ``predicted``: the prediction from ``profiles`` (None: they miss a
+    bucket).
     """
-    pred = _predicted_e2e(space, cand, profiles, requests, serving=serving)
-    if pred is None:
+    if predicted is None:
         return {}
+    pred = predicted.e2e_s
     mape = lambda p: float(np.mean(np.abs(p - e2e) / e2e) * 100)  # noqa: E731
     out = {"prediction_e2e_mape_pct": mape(pred)}
     if drift is not None and not serving:
