@@ -41,8 +41,10 @@ whose slow-down is not alike for every part of the work).
 ``--after N --count-file PATH`` to the calls after the first N (a host that drifts later).
 ``--jitter SIGMA`` (any mode) is a busy host: every run takes a fresh lognormal factor of that
 sigma, drawn anew each time (not reproducible, as another process's load is not).
-``$TOY_NPU_MODE``, ``$TOY_NPU_DRIFT``, ``$TOY_NPU_DRIFT_DECODE`` and ``$TOY_NPU_JITTER`` give ``--mode``,
-``--drift``, ``--drift-decode`` and ``--jitter`` when they are not on the command line: the environment is no part of the fingerprint, so a host can be made to
+``--jitter-replay PATH`` makes that busy host the same one every time, for tests: the draws of a
+call are seeded by how many calls came before it, counted in PATH (one byte per call).
+``$TOY_NPU_MODE``, ``$TOY_NPU_DRIFT``, ``$TOY_NPU_DRIFT_DECODE``, ``$TOY_NPU_JITTER`` and
+``$TOY_NPU_JITTER_REPLAY`` give ``--mode``, ``--drift``, ``--drift-decode``, ``--jitter`` and ``--jitter-replay`` when they are not on the command line: the environment is no part of the fingerprint, so a host can be made to
 drift between a profile and a measurement without changing the device lensopt sees.
 """
 import argparse
@@ -108,11 +110,11 @@ class Host:
     times slower (``straggler``), or all slower by a factor (``drift``: ``drift_decode`` for
     decode steps)."""
 
-    def __init__(self, mode="ok", every=50.0, factor=4.0, drift=1.15, drift_decode=None, jitter=0.0):
+    def __init__(self, mode="ok", every=50.0, factor=4.0, drift=1.15, drift_decode=None, jitter=0.0, busy_seed=None):
         self.mode, self.every, self.factor, self.drift = mode, every, factor, drift
         self.drift_decode = drift if drift_decode is None else drift_decode
         self.jitter = jitter
-        self._busy = random.SystemRandom()
+        self._busy = random.SystemRandom() if busy_seed is None else _rng("busy", busy_seed)
 
     def run_factor(self):
         """A busy host's share of one run: a lognormal factor of sigma ``jitter``, drawn afresh on every
@@ -460,6 +462,9 @@ def main(argv=None):
                     help="a busy host in any mode: every run (a profile repeat, a static batch, a served run) "
                          "takes a fresh lognormal factor of this sigma, not reproducible (default: $TOY_NPU_JITTER, "
                          "else 0)")
+    ap.add_argument("--jitter-replay", default=os.environ.get("TOY_NPU_JITTER_REPLAY") or None,
+                    help="--jitter's busy host, the same every time: a call's draws are seeded by the calls "
+                         "before it, counted in this file (default: $TOY_NPU_JITTER_REPLAY)")
     args = ap.parse_args(argv)
     if args.jitter < 0:
         ap.error("--jitter %r: give a sigma >= 0" % (args.jitter,))
@@ -485,6 +490,12 @@ def main(argv=None):
             mode = "ok"
         if args.after is not None and calls <= args.after:
             mode = "ok"
+    busy_seed = None
+    if args.jitter > 0 and args.jitter_replay:
+        with open(args.jitter_replay, "ab+") as fh:  # O_APPEND: concurrent callers each add one byte
+            fh.write(b".")
+            fh.seek(0)
+            busy_seed = len(fh.read())
     print("toy-npu: %s (mode %s)" % (op, mode), file=sys.stderr)
 
     if mode == "slow":
@@ -505,7 +516,8 @@ def main(argv=None):
         if not isinstance(req, dict) or req.get("protocol") != PROTOCOL:
             raise ToyError("toy-npu speaks protocol %d, the request has %r"
                            % (PROTOCOL, req.get("protocol") if isinstance(req, dict) else None))
-        host = Host(mode, args.straggler_every, args.straggler_factor, args.drift, args.drift_decode, args.jitter)
+        host = Host(mode, args.straggler_every, args.straggler_factor, args.drift, args.drift_decode, args.jitter,
+                    busy_seed)
         if op == "describe":
             reply = op_describe(req, args.label, args.modes.split(","))
         elif op == "profile":
