@@ -26,8 +26,7 @@ from .cli_common import (
 )
 from .cli_serving import add_serving_args, check_serving_args, print_serving, request_slo, with_arrivals
 from .drift_check import DriftCheck, DriftOutcome, checked
-from . import passes as auto_passes
-from .passes import Passes, choose, noise_line, repeats_arg
+from .passes import BUDGET_S, LEAST, MOST, TARGET, Passes, choose, noise_line, repeats_arg
 from .profiler import check_subset, profile_missing
 
 
@@ -62,8 +61,8 @@ def register(sub) -> None:
     add_cache_arg(p)
     p.add_argument("--repeats", type=repeats_arg, default="auto",
                    help="passes of the requests, each request's median reported; auto (default): as many as the "
-                        f"host's jitter now asks for medians within {auto_passes.TARGET * 100:.0f}%%, {auto_passes.LEAST} to "
-                        f"{auto_passes.MOST}, within {auto_passes.BUDGET_S:.0f} predicted s (search/passes.py)")
+                        f"host's jitter now asks for medians within {TARGET * 100:.0f}%%, {LEAST} to {MOST}, within "
+                        f"{BUDGET_S:.0f} predicted s (search/passes.py)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_measure)
 

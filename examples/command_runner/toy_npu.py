@@ -105,6 +105,15 @@ def _rng(*parts):
     return random.Random(hashlib.sha256(repr(parts).encode()).hexdigest())
 
 
+def _count_call(path):
+    """This call's number (1, 2, ...) among the calls counted in ``path``: one byte each, appended
+    (O_APPEND: concurrent callers each add their own)."""
+    with open(path, "ab") as fh:
+        fh.write(b".")
+    with open(path, "rb") as fh:
+        return len(fh.read())
+
+
 class Host:
     """How the host treats graph calls: all at their time (``ok``), now and then one several
     times slower (``straggler``), or all slower by a factor (``drift``: ``drift_decode`` for
@@ -118,7 +127,8 @@ class Host:
 
     def run_factor(self):
         """A busy host's share of one run: a lognormal factor of sigma ``jitter``, drawn afresh on every
-        run and every call of the program (never reproducible, as another process's load is not)."""
+        run and every call of the program (not reproducible, as another process's load is not, unless
+        replayed: ``--jitter-replay``)."""
         return self._busy.lognormvariate(0.0, self.jitter) if self.jitter > 0 else 1.0
 
     def calls(self, costs, rng, decode=False):
@@ -482,20 +492,12 @@ def main(argv=None):
     if args.only_batch is not None and _batch_of(req) != args.only_batch:
         mode = "ok"
     if mode != "ok" and (args.fail_times is not None or args.after is not None) and args.count_file:
-        with open(args.count_file, "ab") as fh:  # O_APPEND: concurrent callers each add one byte
-            fh.write(b".")
-        with open(args.count_file, "rb") as fh:
-            calls = len(fh.read())
+        calls = _count_call(args.count_file)
         if args.fail_times is not None and calls > args.fail_times:
             mode = "ok"
         if args.after is not None and calls <= args.after:
             mode = "ok"
-    busy_seed = None
-    if args.jitter > 0 and args.jitter_replay:
-        with open(args.jitter_replay, "ab+") as fh:  # O_APPEND: concurrent callers each add one byte
-            fh.write(b".")
-            fh.seek(0)
-            busy_seed = len(fh.read())
+    busy_seed = _count_call(args.jitter_replay) if args.jitter > 0 and args.jitter_replay else None
     print("toy-npu: %s (mode %s)" % (op, mode), file=sys.stderr)
 
     if mode == "slow":
