@@ -706,6 +706,10 @@ from types import SimpleNamespace
 
 STEP_LOG = []
 ADD_LOG = []
+#: what a step costs on the wall clock (the runner times the engine by it): a fixed part and a part
+#: per prompt token. Without it a step is microseconds of Python, and a probe's solve reads the
+#: scheduler's noise (a negative TTFT once in a suite run on a 2-core host).
+STEP_S, PROMPT_TOKEN_S = 1e-3, 1e-5
 ENGINE_ARGS = {"load_format", "skip_tokenizer_init", "tensor_parallel_size", "max_num_seqs", "max_model_len",
                "max_num_batched_tokens", "dtype", "seed", "enable_prefix_caching", "disable_log_stats",
                "gpu_memory_utilization", "compilation_config", "enforce_eager", "quantization",
@@ -759,7 +763,14 @@ class _Engine:
                                metrics=stats), done
 
     def _step(self):
-        log, outs, budget, still = [], [], self.budget, []
+        log = []
+        outs = self._schedule(log)
+        STEP_LOG.append(log)
+        time.sleep(STEP_S + PROMPT_TOKEN_S * sum(n for _, kind, n, _ in log if kind == "prefill"))
+        return outs
+
+    def _schedule(self, log):
+        outs, budget, still = [], self.budget, []
         if self.platform == "neuron" and self.waiting and len(self.running) < self.max_seqs:
             # one whole prompt per step into a free sequence slot, the running decodes held back
             r = self.waiting.pop(0)
@@ -768,7 +779,6 @@ class _Engine:
             outs.append(o)
             if not done:
                 self.running.append(r)
-            STEP_LOG.append(log)
             return outs
         for r in self.running:
             o, done = self._emit(r, log, "decode", 1)
@@ -790,7 +800,6 @@ class _Engine:
             outs.append(o)
             if not done:
                 self.running.append(r)
-        STEP_LOG.append(log)
         return outs
 
 
