@@ -32,6 +32,7 @@ import numpy as np
 
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .errors import MissingProfiles, UserError
+from .admission import unit_admission
 from .rows import unit_row_s
 from .types import BATCHING, PREFILLS, BucketProfile, Candidate, Requests
 
@@ -59,6 +60,10 @@ class UnitTable:
     #: host seconds per live row per decode step, counted in TBT_b for a full batch (``lens.rows``): a step
     #: with r rows still generating costs TBT_b - (batch - r) row_s
     row_s: float = 0.0
+    #: served admissions against TTFT_b (``lens.admission``): seconds added to the first prompt a scheduler pass
+    #: admits, and to each further one in the pass (continuous serving only)
+    admit_first_s: float = 0.0
+    admit_next_s: float = 0.0
 
     @classmethod
     def build(
@@ -77,6 +82,7 @@ class UnitTable:
             )
         lo, hi = bucket_ranges(tkg, policy)
         used = [profiles[b] for b in sorted(set(ctx + tkg))]
+        admit = unit_admission([profiles[b] for b in ctx])
         return cls(
             batch=candidate.batch,
             policy=policy,
@@ -91,6 +97,8 @@ class UnitTable:
             ttft_err_s=np.asarray([profiles[b].ttft_err_s for b in ctx], dtype=np.float64),
             tbt_err_s=np.asarray([profiles[b].tbt_err_s for b in tkg], dtype=np.float64),
             row_s=unit_row_s([profiles[b] for b in tkg]),
+            admit_first_s=admit[0],
+            admit_next_s=admit[1],
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":

@@ -7,7 +7,9 @@ iteration begins in one call in the bucket of their longest prompt, every first 
 its end), then runs one decode step of the whole batch in the
 token-generation bucket of the longest live context, at TBT_b whatever the number of live
 slots, less the host's per-row work for the free ones (``UnitTable.row_s``, ``lens.rows``).
-A slot frees when its request ends; an idle device waits for the next arrival.
+A slot frees when its request ends; an idle device waits for the next arrival. A pass's
+first prompt costs TTFT_b + ``admit_first_s`` and each further one TTFT_b + ``admit_next_s``
+(what the unit's server was measured to cost against its static profile: ``lens.admission``).
 
 Between two events (an admission, a completion) the live set is fixed and the longest
 context grows by one per step, so a run of k steps costs C(c + k) - C(c) with C the prefix
@@ -99,6 +101,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         _context_prefix(table, table.tkg_buckets.astype(float)),
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
         batched=table.prefill == "batched", row_s=table.row_s,
+        admit=(table.admit_first_s, table.admit_next_s),
     )
     out = [np.empty(n) for _ in range(3)]
     for dst, src in zip(out, (admit, first, finish)):
@@ -118,12 +121,14 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
 
 
 def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
-                row_s: float = 0.0):
+                row_s: float = 0.0, admit: tuple[float, float] = (0.0, 0.0)):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
     ``ci``: each request's context-encoding bucket index; ``ttft``: TTFT_b per bucket (one
     request's prefill, or with ``batched`` one call of the whole compiled batch); ``row_s``: the
-    host's cost per live row of a step, counted in TBT_b, not paid for a free slot.
+    host's cost per live row of a step, counted in TBT_b, not paid for a free slot; ``admit``: seconds
+    added to a pass's first prompt and to each further one (``lens.admission``; a batched pass is one
+    call: the first only).
     Returns per-request admission, first-token and last-token times, the number of decode
     steps, the busy seconds, the KV positions the decode steps computed (for padding) and
     the bucket index of every batched prefill call.
@@ -133,7 +138,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     ttft_l = ttft.tolist()
     pre_l = [ttft_l[c] for c in ci_l]
     calls: list[int] = []
-    admit, first, finish = [0.0] * n, [0.0] * n, [0.0] * n
+    start, first, finish = [0.0] * n, [0.0] * n, [0.0] * n
     # a request admitted when G decode steps have run has context base + s at global step s
     # (base = l_in - G) and takes its last step at end = G + l_out - 1
     ends: list[tuple[int, int]] = []  # min-heap of (end step, request)
@@ -153,19 +158,21 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 took, qi = list(range(qi, j)), j
                 call = max(ci_l[i] for i in took)
                 calls.append(call)
-                t += ttft_l[call]
-                busy += ttft_l[call]
+                dt = max(ttft_l[call] + admit[0], 0.0)
+                t += dt
+                busy += dt
                 for i in took:
-                    admit[i], first[i] = horizon, t
+                    start[i], first[i] = horizon, t
             else:  # prompts prefilled one at a time, each emitting its first token
                 seats = free
                 while seats and qi < n and (cap == 0 or len(took) < cap) \
                         and arr_l[qi] <= (t if eager else horizon) + _EPS:
                     i = qi
                     qi += 1
-                    admit[i] = t
-                    t += pre_l[i]
-                    busy += pre_l[i]
+                    start[i] = t
+                    dt = max(pre_l[i] + admit[1 if took else 0], 0.0)
+                    t += dt
+                    busy += dt
                     first[i] = t
                     seats -= lout_l[i] > 1
                     took.append(i)
@@ -209,4 +216,4 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
             free += 1
             nlive -= 1
             done += 1
-    return admit, first, finish, g, busy, slot_tokens * batch, np.asarray(calls, dtype=np.int64)
+    return start, first, finish, g, busy, slot_tokens * batch, np.asarray(calls, dtype=np.int64)

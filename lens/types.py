@@ -249,6 +249,10 @@ class BucketProfile:
     accepted: bool = True
     #: the unit's host seconds per live row per decode step, counted in tbt_s for a full batch (lens.rows; 0: none seen)
     row_s: float = 0.0
+    #: the unit's served admissions against ``ttft_s`` (lens.admission; 0: as the profile says): seconds added to
+    #: the first prompt a scheduler pass admits, and to each further one in the same pass
+    admit_first_s: float = 0.0
+    admit_next_s: float = 0.0
 
     @property
     def rel_err(self) -> float:

@@ -140,9 +140,27 @@ def test_batched_admission_respects_free_slots_and_max_prefills():
     close(p.finish_s, [1.0, 2.2])
 
 
-def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", prefill="sequential", row_s=0.0):
+# -- what the server's admissions cost against TTFT_b (lens.admission) ----------------------------------
+
+def test_a_pass_charges_its_first_prompt_and_each_further_one_their_own_offsets():
+    # B = 2, +0.3 for a pass's first prompt, -0.1 for each further one. t=0: r0 and r1 wait: r0's prefill
+    # 1.0 + 0.3 -> 1.3, r1's 1.0 - 0.1 -> 2.2; a step (contexts 4, 4: 0.1) -> 2.3, both end (l_out 2).
+    # r2 arrives at 5 to an idle device: a pass of its own, 1.0 + 0.3 -> 6.3 (TTFT 1.3, not 1.0).
+    p = predict_serving(table(2, admit=(0.3, -0.1)), Requests([3, 3, 3], [2, 2, 2], np.array([0.0, 0.0, 5.0])))
+    close(p.first_s, [1.3, 2.2, 6.3])
+    close(p.finish_s, [2.3, 2.3, 6.4])
+    close(p.ttft_s, [1.3, 2.2, 1.3])
+    # batched: one call whatever it holds, charged the first offset once
+    p = predict_serving(table(2, prefill="batched", admit=(0.3, -0.1)), Requests([3, 3], [2, 2], np.zeros(2)))
+    close(p.first_s, [1.3, 1.3])
+    # none measured (a cache from before the measurement): TTFT_b as it is
+    close(run(2, [3, 3, 3], [2, 2, 2], [0.0, 0.0, 5.0]).first_s, [1.0, 2.0, 6.0])
+
+
+def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", prefill="sequential", row_s=0.0,
+              admit=(0.0, 0.0)):
     """The machine of docs/serving.md stepped one decode iteration at a time (no jumps); a free slot
-    saves ``row_s`` of every step."""
+    saves ``row_s`` of every step; a pass's first prompt costs ``admit[0]`` more, each further one ``admit[1]``."""
     n = len(lin)
     order = sorted(range(n), key=lambda i: (arr[i], i))
     first, finish = [None] * n, [None] * n
@@ -156,7 +174,7 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
             took.append(order[q])
             q += 1
         if took:
-            t += TTFT[select(max(lin[i] for i in took), (8, 16), policy)]
+            t += TTFT[select(max(lin[i] for i in took), (8, 16), policy)] + admit[0]
             for i in took:
                 first[i] = t
                 if lout[i] == 1:
@@ -166,8 +184,8 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
         while prefill == "sequential" and len(slots) < batch and q < n and (cap == 0 or k < cap) \
                 and arr[order[q]] <= (t if eager else horizon) + 1e-9:
             i = order[q]
+            t += TTFT[select(lin[i], (8, 16), policy)] + admit[1 if k else 0]
             q, k = q + 1, k + 1
-            t += TTFT[select(lin[i], (8, 16), policy)]
             first[i] = t
             if lout[i] == 1:
                 finish[i] = t
@@ -187,10 +205,10 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
     return np.asarray(first), np.asarray(finish)
 
 
-@pytest.mark.parametrize("row_s", [0.0, 0.02])
+@pytest.mark.parametrize("row_s, admit", [(0.0, (0.0, 0.0)), (0.02, (0.0, 0.0)), (0.0, (0.3, -0.1))])
 @pytest.mark.parametrize("prefill", ["sequential", "batched"])
 @pytest.mark.parametrize("seed", range(12))
-def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s):
+def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 40))
     batch = int(rng.integers(1, 5))
@@ -199,10 +217,10 @@ def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s):
     arr = np.round(np.cumsum(rng.exponential(rng.choice([0.05, 0.5, 3.0]), n)) * rng.integers(0, 2, n), 2)
     cap = int(rng.integers(0, 3))
     eager = bool(rng.integers(0, 2))
-    p = predict_serving(table(batch, prefill=prefill, row_s=row_s), Requests(lin, lout, arr),
+    p = predict_serving(table(batch, prefill=prefill, row_s=row_s, admit=admit), Requests(lin, lout, arr),
                         scheduler=Scheduler(max_prefills=cap, prefill_priority="prefill" if eager else "decode"))
     first, finish = reference(batch, lin.tolist(), lout.tolist(), arr.tolist(), cap=cap, eager=eager,
-                              prefill=prefill, row_s=row_s)
+                              prefill=prefill, row_s=row_s, admit=admit)
     np.testing.assert_allclose(p.first_s, first, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(p.finish_s, finish, rtol=1e-9, atol=1e-9)
 

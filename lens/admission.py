@@ -1,0 +1,176 @@
+"""What a server's admissions cost against the static profile: a pass's first prompt, and each further one.
+
+``TTFT_b`` is solved from static probes (``lens.probes``): one generate call encodes the
+batch's prompts, and the call's fixed part -- tokenizing, padding and uploading the
+batch, setting up sampling -- is spread over them (sequential prefill: TTFT_b = one
+prefill + fixed / B). A server admits prompts as they arrive, in scheduler passes
+(docs/serving.md), and what a pass costs need not be what a static call costs:
+
+- a stack that pays the call's fixed part once per pass makes a lone arrival pay all of
+  it, not a B-th of it: at a light rate TTFT reads higher than the profiles compose (by
+  the fixed part x (1 - 1/B));
+- a stack whose server skips part of the static call's setup, or adds work of its own per
+  admitted request, costs less, or more, per admission.
+
+Two offsets from TTFT_b describe a unit's server: ``first_s`` for the first prompt a pass
+admits and ``next_s`` for each further one in the same pass. ``lens.serving`` charges a
+pass's prompts TTFT_b + first_s, then TTFT_b + next_s each. With ``prefill = "batched"`` a
+pass is one call whatever it holds: ``first_s`` only.
+
+The measurement, in the unit's smallest measured bucket with one-token requests (a
+prefill and nothing else; a served one frees its slot at once): ``ROUNDS`` rounds, each
+
+- a static call of ``BATCHES`` full batches: per batch, its last first token over its
+  prefill calls is TTFT_b as the probes mean it;
+- a served call (``mode = "continuous"``) of ``BURSTS`` bursts of ``m`` requests arriving
+  together at an idle device (``m``: the batch, or the scheduler's ``max_prefills`` when
+  smaller; 1 with batched prefill): the first one's TTFT, and the slope of the later
+  ones' TTFTs.
+
+Per round, ``first = median(first TTFTs) - median(static)`` and ``next = median(slopes) -
+median(static)``: the two calls are adjacent, so a host that drifts over minutes lands on
+both alike. The estimate is the mean over the rounds; its standard error the larger of
+what resampling each call's batches and bursts gives and what the rounds' disagreement
+gives (each call has a speed of its own on a drifting host, which resampling within one
+call does not see). Each offset is kept only beyond ``SIGMAS`` standard errors (else 0:
+the server costs what the profile says), and never below -TTFT_b (no admission is free).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .noise import DRAWS, SEED, spread
+from .probes import prefill_calls
+from .types import PREFILLS, BucketProfile, Requests
+
+#: rounds of a static call and a served call: two, so that the rounds' disagreement shows a host that drifts
+#: between calls, and no more, since every call costs a stack's own set-up (an engine's warm-up batch, a
+#: command program's start). In all it costs about what the row cost's workload does (lens.rows): the
+#: prefills of 24 full batches and about as long idle between the bursts
+ROUNDS = 2
+#: full static batches per static call, bursts per served call
+BATCHES = 6
+BURSTS = 6
+#: bursts arrive this many times a burst's expected prefill seconds apart, so that each finds the device idle
+#: on a host up to that much slower than when it profiled (a late burst would queue behind the last one)
+GAP = 3.0
+#: an offset is kept only beyond this many of its standard errors (as lens.rows's row cost)
+SIGMAS = 3.0
+
+
+@dataclass(frozen=True)
+class AdmissionCost:
+    """Seconds a served admission costs beyond TTFT_b: a pass's first prompt, each further one."""
+
+    first_s: float
+    next_s: float
+    #: one standard error of ``raw_first_s`` / ``raw_next_s`` (see the module docstring)
+    first_err_s: float = 0.0
+    next_err_s: float = 0.0
+    #: the estimates before the significance test and the bound
+    raw_first_s: float = 0.0
+    raw_next_s: float = 0.0
+    #: prompts per burst (1: a pass's further prompts were not measured: ``next_s`` 0)
+    burst: int = 0
+    #: why a value is not its raw estimate ("" when both are)
+    note: str = ""
+
+    def said(self) -> str:
+        """One line for the profile output."""
+        def one(v: float, raw: float, err: float) -> str:
+            kept = f"{v * 1e3:+.3f} ms"
+            return f"{kept} (+- {err * 1e3:.3f})" if v == raw else f"{kept} (measured {raw * 1e3:+.3f} +- {err * 1e3:.3f})"
+
+        text = f"a pass's first prompt {one(self.first_s, self.raw_first_s, self.first_err_s)}"
+        if self.burst > 1:
+            text += f", each further one {one(self.next_s, self.raw_next_s, self.next_err_s)}"
+        return text + (f"; {self.note}" if self.note else "")
+
+
+def unit_admission(profiles: Sequence[BucketProfile]) -> tuple[float, float]:
+    """A unit's (first_s, next_s) from its profiles: their medians (one measurement gives them all the same;
+    buckets measured at different times may differ); zeros without any."""
+    if not profiles:
+        return 0.0, 0.0
+    return (float(np.median([p.admit_first_s for p in profiles])),
+            float(np.median([p.admit_next_s for p in profiles])))
+
+
+def burst_size(batch: int, *, max_prefills: int, prefill: str = PREFILLS[0]) -> int:
+    """Prompts one pass of the server admits at most from a burst of one-token requests."""
+    if prefill == "batched":
+        return 1  # one call whatever it holds: only the pass's cost is measured
+    return batch if max_prefills == 0 else min(batch, max_prefills)
+
+
+def static_workload(p: BucketProfile, batch: int, batches: int = BATCHES) -> Requests:
+    """``batches`` full batches of one-token requests with bucket ``p``'s prompt."""
+    n = batch * batches
+    return Requests(np.full(n, p.input_len, np.int64), np.ones(n, np.int64), name=f"admission-static-{p.bucket}")
+
+
+def served_workload(p: BucketProfile, m: int, bursts: int = BURSTS) -> Requests:
+    """``bursts`` bursts of ``m`` one-token requests with bucket ``p``'s prompt, each finding the device idle."""
+    gap = GAP * m * max(p.ttft_s, 1e-6)
+    arrival = np.repeat(np.arange(bursts, dtype=np.float64) * gap, m)
+    n = m * bursts
+    return Requests(np.full(n, p.input_len, np.int64), np.ones(n, np.int64), arrival,
+                    name=f"admission-served-{p.bucket}")
+
+
+def static_times(ttft_s: Sequence[float], batch: int, prefill: str = PREFILLS[0]) -> np.ndarray:
+    """Per batch of ``static_workload``'s run: TTFT_b as the probes solve it (its last first token per prefill call)."""
+    t = np.asarray(ttft_s, dtype=float).reshape(-1, batch)
+    return t.max(axis=1) / prefill_calls(batch, prefill)
+
+
+def burst_times(ttft_s: Sequence[float], m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per burst of ``served_workload``'s run: the first request's TTFT, and the later ones' slope (NaN for m = 1)."""
+    t = np.asarray(ttft_s, dtype=float).reshape(-1, m)
+    first = t[:, 0]
+    slope = (t[:, -1] - t[:, 0]) / (m - 1) if m > 1 else np.full(len(first), np.nan)
+    return first, slope
+
+
+def solve(rounds: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *, p: BucketProfile, burst: int,
+          draws: int = DRAWS, seed: int = SEED) -> AdmissionCost:
+    """The offsets from ``rounds`` of (static times, first TTFTs, slopes), one tuple per round."""
+    if not rounds:
+        return AdmissionCost(0.0, 0.0, burst=burst, note="no round was run")
+    rng = np.random.default_rng(seed)
+
+    def resampled(x: np.ndarray) -> np.ndarray:
+        """Medians of ``draws`` resamples of ``x``."""
+        x = np.asarray(x, dtype=float)
+        return np.median(x[rng.integers(0, len(x), size=(draws, len(x)))], axis=1)
+
+    # per round: (its difference, its resampled differences) for the first prompt and a further one
+    firsts, nexts = [], []
+    for q, f, s in rounds:
+        q_star = resampled(q)
+        firsts.append((float(np.median(f) - np.median(q)), resampled(f) - q_star))
+        if burst > 1:
+            nexts.append((float(np.median(s) - np.median(q)), resampled(s) - q_star))
+    notes = []
+
+    def kept(name: str, per_round: list[tuple[float, np.ndarray]]) -> tuple[float, float, float]:
+        d = np.array([r[0] for r in per_round])
+        raw = float(d.mean())
+        within = float(spread(np.mean([r[1] for r in per_round], axis=0)))
+        between = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+        err = max(within, between)
+        if abs(raw) <= SIGMAS * err:
+            notes.append(f"{name} within {SIGMAS:g} standard errors of none, none counted")
+            return 0.0, err, raw
+        floor = -max(p.ttft_s, 0.0)
+        if raw < floor:
+            notes.append(f"{name} bounded at -TTFT_b (no admission is free)")
+            return floor, err, raw
+        return raw, err, raw
+
+    first, first_err, raw_first = kept("first", firsts)
+    nxt, next_err, raw_next = kept("next", nexts) if burst > 1 else (0.0, 0.0, 0.0)
+    return AdmissionCost(first, nxt, first_err, next_err, raw_first, raw_next, burst, "; ".join(notes))

@@ -1,0 +1,97 @@
+"""What a server's admissions cost against the static profile (lens.admission): solved by hand."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lens import admission
+from lens.types import BucketProfile
+
+
+def prof(ttft_s=0.004):
+    return BucketProfile(bucket=64, ttft_s=ttft_s, tbt_s=0.001, input_len=2, l1=2, l2=60, t1_s=0, t2_s=0,
+                         repeats=3, spread=0)
+
+
+def stack(fixed, per, *, batch, served_fixed, served_per, m, rounds=admission.ROUNDS, jitter=0.0, seed=0):
+    """Rounds of the measurement's times on a stack whose static call costs ``fixed`` + ``per`` a prompt and
+    whose server pays ``served_fixed`` per pass + ``served_per`` a prompt (each time x (1 +- jitter))."""
+    rng = np.random.default_rng(seed)
+    j = lambda n: 1.0 + jitter * rng.standard_normal(n)  # noqa: E731
+    out = []
+    for _ in range(rounds):
+        k = np.arange(1, batch + 1)
+        ttft = np.concatenate([(fixed + k * per) * j(batch) for _ in range(admission.BATCHES)])
+        served = np.concatenate([(served_fixed + np.arange(1, m + 1) * served_per) * j(m)
+                                 for _ in range(admission.BURSTS)])
+        out.append((admission.static_times(ttft, batch), *admission.burst_times(served, m)))
+    return out
+
+
+def test_a_pass_that_pays_the_static_calls_fixed_part_once_is_solved_exactly():
+    # static: 3 ms per call + 1 ms a prompt, so TTFT_b = 1 + 3/4 ms; the server pays the 3 ms once a pass
+    rounds = stack(3e-3, 1e-3, batch=4, served_fixed=3e-3, served_per=1e-3, m=4)
+    c = admission.solve(rounds, p=prof(1.75e-3), burst=4)
+    assert c.first_s == pytest.approx(3e-3 * (1 - 1 / 4)) and c.next_s == pytest.approx(-3e-3 / 4)
+    assert c.note == "" and c.burst == 4
+
+
+def test_a_server_that_pays_per_admitted_prompt_is_one_offset_for_each():
+    # the example program's shape: a static call's 1.5 ms spread over 8, a server's 0.3 ms for each prompt
+    rounds = stack(1.5e-3, 1e-3, batch=8, served_fixed=0.0, served_per=1.3e-3, m=8)
+    c = admission.solve(rounds, p=prof(), burst=8)
+    assert c.first_s == pytest.approx(0.3e-3 - 1.5e-3 / 8) and c.next_s == pytest.approx(c.first_s)
+
+
+def test_noise_alone_counts_as_none_and_says_so():
+    # a server that costs what the static call does per prompt (1 ms + 3 ms / 4), on a host jittering by 5%
+    rounds = stack(3e-3, 1e-3, batch=4, served_fixed=0.0, served_per=1.75e-3, m=4, jitter=0.05)
+    c = admission.solve(rounds, p=prof(), burst=4)
+    assert c.first_s == 0.0 and c.next_s == 0.0
+    assert abs(c.raw_first_s) <= admission.SIGMAS * c.first_err_s and c.first_err_s > 0
+    assert "none counted" in c.note and "none counted" in c.said()
+
+
+def test_a_cost_well_beyond_the_noise_is_kept_with_its_error():
+    rounds = stack(3e-3, 1e-3, batch=4, served_fixed=3e-3, served_per=1e-3, m=4, jitter=0.01)
+    c = admission.solve(rounds, p=prof(), burst=4)
+    assert c.first_s == pytest.approx(2.25e-3, rel=0.1) and 0 < c.first_err_s < c.first_s / admission.SIGMAS
+    assert c.next_s == pytest.approx(-0.75e-3, rel=0.2)
+
+
+def test_one_prompt_per_pass_measures_the_first_only():
+    rounds = stack(3e-3, 1e-3, batch=4, served_fixed=3e-3, served_per=1e-3, m=1)
+    c = admission.solve(rounds, p=prof(1.75e-3), burst=1)
+    assert c.first_s == pytest.approx(2.25e-3) and c.next_s == 0.0 and "each further" not in c.said()
+
+
+def test_no_admission_is_cheaper_than_free():
+    # the measurement's static calls read 8.5 ms a prompt, the profile 5 ms (another minute of the host)
+    rounds = stack(30e-3, 1e-3, batch=4, served_fixed=0.0, served_per=0.1e-3, m=4)
+    c = admission.solve(rounds, p=prof(5e-3), burst=4)
+    assert c.first_s == c.next_s == -5e-3 and c.raw_first_s < -5e-3 and "bounded" in c.note
+
+
+def test_no_round_counts_as_none():
+    c = admission.solve([], p=prof(), burst=4)
+    assert (c.first_s, c.next_s) == (0.0, 0.0) and c.note
+
+
+def test_the_workloads_find_an_idle_device_and_read_back_by_burst():
+    p = prof(0.004)
+    served = admission.served_workload(p, 3)
+    assert len(served) == 3 * admission.BURSTS and (served.output_len == 1).all()
+    gaps = np.diff(np.unique(served.arrival_s))
+    assert np.allclose(gaps, admission.GAP * 3 * 0.004)  # a burst's prefills several times over
+    static = admission.static_workload(p, 4)
+    assert len(static) == 4 * admission.BATCHES and (static.input_len == p.input_len).all()
+    first, slope = admission.burst_times([1.0, 2.0, 3.0, 5.0, 7.0, 9.0], 3)
+    np.testing.assert_allclose(first, [1.0, 5.0]) and np.testing.assert_allclose(slope, [1.0, 2.0])
+    np.testing.assert_allclose(admission.static_times([1.0, 2.0, 4.0, 8.0], 2), [1.0, 4.0])
+    np.testing.assert_allclose(admission.static_times([1.0, 2.0, 4.0, 8.0], 2, "batched"), [2.0, 8.0])
+
+
+@pytest.mark.parametrize("cap, prefill, want", [(0, "sequential", 8), (2, "sequential", 2), (1, "sequential", 1),
+                                                (0, "batched", 1), (16, "sequential", 8)])
+def test_a_burst_is_what_one_pass_admits(cap, prefill, want):
+    assert admission.burst_size(8, max_prefills=cap, prefill=prefill) == want
