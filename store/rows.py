@@ -79,6 +79,14 @@ def as_ratio(v: Any, *, text: bool) -> float:
     return out
 
 
+def as_offset(v: Any, *, text: bool) -> float:
+    """A finite number of seconds of either sign (a cost against another one)."""
+    out = _number(v, text=text)
+    if not math.isfinite(out):
+        raise BadValue(f"{out} is not finite")
+    return out
+
+
 def as_str(v: Any, *, nonempty: bool) -> str:
     if v is None:
         raise BadValue("missing value")
@@ -140,6 +148,7 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         return lambda v: as_int(v, lo=lo, text=text)
 
     f = lambda v: as_seconds(v, text=text)  # noqa: E731
+    off = lambda v: as_offset(v, text=text)  # noqa: E731
     s = lambda v: as_str(v, nonempty=False)  # noqa: E731
     raw = lambda v: _times_json(v, text=text)  # noqa: E731
     return {
@@ -156,7 +165,7 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "source": _source,
         "ttft_err_s": f, "tbt_err_s": f, "excess": lambda v: as_ratio(v, text=text),
         "accepted": lambda v: _bool(v, text=text),
-        "row_s": f,
+        "row_s": f, "admit_first_s": off, "admit_next_s": off,
     }
 
 
@@ -191,7 +200,7 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "repeats": p.repeats, "spread": p.spread, "runner": p.runner, "host": p.host,
         "measured_at": p.measured_at, "simulated": p.simulated, "source": p.source,
         "ttft_err_s": p.ttft_err_s, "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
-        "row_s": p.row_s,
+        "row_s": p.row_s, "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -216,6 +225,7 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         source=r["source"],
         ttft_err_s=float(r["ttft_err_s"]), tbt_err_s=float(r["tbt_err_s"]), excess=float(r["excess"]),
         accepted=bool(r["accepted"]), row_s=float(r["row_s"]),
+        admit_first_s=float(r["admit_first_s"]), admit_next_s=float(r["admit_next_s"]),
     )
 
 

@@ -16,6 +16,8 @@ A file of an older schema is brought to :data:`SCHEMA_VERSION` on open by the st
   raw repeats they kept (``store.migrate``).
 - schema 4: the unit's host seconds per live row of a decode step (``row_s``, ``lens.rows``);
   older profiles get 0 (none seen).
+- schema 5: what the unit's served admissions cost against ``ttft_s`` (``admit_first_s``,
+  ``admit_next_s``, ``lens.admission``); older profiles get 0 (as the profile says).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from typing import Callable
 #: "LENS" in ASCII: marks an SQLite file as a lensopt profile cache
 APPLICATION_ID = 0x4C454E53
 #: the schema this code reads and writes (``PRAGMA user_version``)
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: the first 16 bytes of every SQLite database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -42,16 +44,18 @@ PROFILE_COLUMNS = (
     "fingerprint", "tp", "batch", "bucket", "ttft_s", "tbt_s", "input_len", "l1", "l2",
     "t1_s", "t2_s", "raw_t1", "raw_t2", "repeats", "spread", "runner", "host",
     "measured_at", "simulated", "source", "ttft_err_s", "tbt_err_s", "excess", "accepted", "row_s",
+    "admit_first_s", "admit_next_s",
 )
 #: the columns each schema version added at the end of ``profiles`` (its migration adds them)
-ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted"), 4: ("row_s",)}
+ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted"), 4: ("row_s",),
+                         5: ("admit_first_s", "admit_next_s")}
 #: the primary key of a profile: the first columns of :data:`PROFILE_COLUMNS`
 PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
 #: integer and real columns of ``profiles``; ``simulated`` is 0/1, the rest text
 #: (``raw_t1``/``raw_t2`` are JSON lists of seconds)
 INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats")
 FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at", "ttft_err_s", "tbt_err_s", "excess",
-                 "row_s")
+                 "row_s", "admit_first_s", "admit_next_s")
 #: 0/1 columns
 BOOL_COLUMNS = ("simulated", "accepted")
 CLAIM_COLUMNS = ("fingerprint", "tp", "batch", "buckets", "owner", "claimed_at", "expires_at")
@@ -102,6 +106,8 @@ CREATE TABLE profiles (
     excess      REAL    NOT NULL DEFAULT 0,
     accepted    INTEGER NOT NULL DEFAULT 1,
     row_s       REAL    NOT NULL DEFAULT 0,
+    admit_first_s REAL  NOT NULL DEFAULT 0,
+    admit_next_s  REAL  NOT NULL DEFAULT 0,
     PRIMARY KEY (fingerprint, tp, batch, bucket)
 );
 """
@@ -137,6 +143,8 @@ MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = 
         "ALTER TABLE profiles ADD COLUMN accepted INTEGER NOT NULL DEFAULT 1",
         _spreads_from_raw),
     4: ("ALTER TABLE profiles ADD COLUMN row_s REAL NOT NULL DEFAULT 0",),
+    5: ("ALTER TABLE profiles ADD COLUMN admit_first_s REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE profiles ADD COLUMN admit_next_s REAL NOT NULL DEFAULT 0"),
 }
 #: the oldest schema a cache may have and still be opened (brought up to date)
 OLDEST_VERSION = 1
