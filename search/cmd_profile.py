@@ -108,11 +108,17 @@ def cmd_profile(args) -> int:
             "profiles": {str(b): {"ttft_s": p.ttft_s, "tbt_s": p.tbt_s, "ttft_err_s": p.ttft_err_s,
                                   "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
                                   "l1": p.l1, "l2": p.l2, "repeats": p.repeats, "spread": p.spread,
-                                  "source": p.source, "run_s": out.bucket_s.get(b), "row_s": p.row_s}
+                                  "source": p.source, "run_s": out.bucket_s.get(b), "row_s": p.row_s,
+                                  "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s}
                          for b, p in profiles.items()},
             "row_cost": None if out.rows is None else {
                 "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,
                 "run_s": out.rows_s},
+            "admission": None if out.admission is None else {
+                "first_s": out.admission.first_s, "next_s": out.admission.next_s,
+                "first_err_s": out.admission.first_err_s, "next_err_s": out.admission.next_err_s,
+                "raw_first_s": out.admission.raw_first_s, "raw_next_s": out.admission.raw_next_s,
+                "burst": out.admission.burst, "note": out.admission.note, "run_s": out.admission_s},
             "noisy": {str(b): why for b, why in out.noisy.items()},
             "notes": {str(b): why for b, why in out.notes.items()},
         })
@@ -132,6 +138,9 @@ def cmd_profile(args) -> int:
     if out.rows is not None:
         print(f"host cost of a row: {out.rows.said()}; a step with fewer rows generating costs that much less "
               f"per row (measured in bucket {min(out.measured)}: {out.rows_s:.2f} s of runs{sim})")
+    if out.admission is not None:
+        print(f"served admissions against TTFT_b: {out.admission.said()} (measured in bucket {min(out.measured)}: "
+              f"{out.admission_s:.2f} s of runs{sim})")
     for b, why in sorted(out.notes.items()):
         print(f"bucket {b}: {why}")
     for why in out.noisy.values():

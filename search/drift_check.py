@@ -39,6 +39,7 @@ from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Refe
                         reference_probe)
 from lens.errors import one_line
 from lens.probes import BucketFit, NoisyMeasurement, assess, fit, plan_probes, to_profile
+from lens.admission import unit_admission
 from lens.rows import unit_row_s
 from lens.types import BucketProfile, Candidate, Probe, Requests, Target, Unit
 from runners import Runner
@@ -69,6 +70,10 @@ class DriftCheck:
     #: the unit's host cost per live row from its cached profiles (``lens.rows``): the rounds' probes keep
     #: every row live and cannot see it, so the profiles taken side by side carry it over
     row_s: float = 0.0
+    #: the unit's served admissions against TTFT_b from its cached profiles (``lens.admission``): the rounds run
+    #: static probes, so the profiles taken side by side carry them over too
+    admit_first_s: float = 0.0
+    admit_next_s: float = 0.0
 
     @classmethod
     def of(cls, space: Space, cand: Candidate, requests: Requests,
@@ -92,8 +97,10 @@ class DriftCheck:
         least = max(ref.probe.repeats, REFERENCE_REPEATS)
         probes = _bucket_probes(used, profiles, all_buckets, policy, profile.max_output, least) if side \
             else (dataclasses.replace(ref.probe, repeats=least),)
+        cached = [profiles[b] for b in used if b in profiles]
+        first, nxt = unit_admission(cached)
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
-                   all_buckets, profile, side, probes, unit_row_s([profiles[b] for b in used if b in profiles]))
+                   all_buckets, profile, side, probes, unit_row_s(cached), admit_first_s=first, admit_next_s=nxt)
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
@@ -232,4 +239,5 @@ def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
         return {}, f"the side-by-side probes give no profile: {bad[0]}"
     return {b: dataclasses.replace(
         to_profile(f, accepted=assess(f, max_spread=check.profile.max_spread) is None, runner=name, host=res.host,
-                   simulated=res.simulated), row_s=check.row_s) for b, f in fits.items()}, ""
+                   simulated=res.simulated), row_s=check.row_s, admit_first_s=check.admit_first_s,
+        admit_next_s=check.admit_next_s) for b, f in fits.items()}, ""

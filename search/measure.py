@@ -25,6 +25,10 @@ for the search); the caller stores what it returns, whole, in one transaction.
    a full and a one-row batch in the smallest bucket measured; kept in every profile of the
    measurement (``row_s``). A runner that cannot run it leaves 0, with the reason in the
    cost's note (``UnitMeasurement.rows``).
+7. What the unit's server costs per admission against TTFT_b (``lens.admission``): rounds of
+   a static call and a served call of one-token requests in the same bucket; kept in every
+   profile (``admit_first_s``, ``admit_next_s``). Only for a runner that serves continuous
+   mode; one that cannot leaves 0, with the reason (``UnitMeasurement.admission``).
 """
 from __future__ import annotations
 
@@ -34,8 +38,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from lens import admission as admission_cost
 from lens import rows as row_cost
-from lens.errors import RunnerError, UserError
+from lens.errors import RunnerError, UserError, one_line
 from lens.noise import ESTIMATOR
 from lens.probes import BucketFit, NoisyMeasurement, assess, check_probe, fit, plan_probes, probe_window, to_profile
 from lens.types import BucketProfile, Candidate, Probe, ProbeRun, Target, Unit
@@ -78,6 +83,10 @@ class UnitMeasurement:
     #: not measured (a batch of one, ragged batching), and its timed run seconds (in run_s, as bucket_s are)
     rows: row_cost.RowCost | None = None
     rows_s: float = 0.0
+    #: what a served admission costs against TTFT_b (lens.admission); None when not measured (a runner that
+    #: does not serve continuous mode, ragged batching), and its timed run seconds (in run_s)
+    admission: admission_cost.AdmissionCost | None = None
+    admission_s: float = 0.0
 
     @property
     def hardware_s(self) -> float:
@@ -260,16 +269,22 @@ def measure_unit(
     now = time.time()
     profiles = {b: to_profile(fits[b], accepted=verdict[b] is None, runner=runner.name, host=result.host,
                               simulated=result.simulated, measured_at=now) for b in want}
-    rows, spent = measure_row_cost(runner, target, tp, batch, profiles[want[0]], want)
-    compile_s, run_s = compile_s + spent[0], run_s + spent[1]
+    rows, rows_spent = measure_row_cost(runner, target, tp, batch, profiles[want[0]], want)
+    compile_s, run_s = compile_s + rows_spent[0], run_s + rows_spent[1]
     if rows is not None:
         profiles = {b: dataclasses.replace(p, row_s=rows.value) for b, p in profiles.items()}
+    admission, admission_spent = measure_admission(runner, target, tp, batch, profiles[want[0]], want)
+    compile_s, run_s = compile_s + admission_spent[0], run_s + admission_spent[1]
+    if admission is not None:
+        profiles = {b: dataclasses.replace(p, admit_first_s=admission.first_s, admit_next_s=admission.next_s)
+                    for b, p in profiles.items()}
     noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict[b]}
     return UnitMeasurement(
         tp=tp, batch=batch, profiles=profiles, compile_s=compile_s, run_s=run_s, host=result.host,
         versions=dict(result.versions), simulated=result.simulated, started_at=started, ended_at=time.time(),
         noisy=noisy, attempts=attempt, bucket_s={b: runs.cost.get(b, 0.0) for b in want},
-        notes={b: "; ".join(v) for b, v in notes.items()}, rows=rows, rows_s=spent[1],
+        notes={b: "; ".join(v) for b, v in notes.items()}, rows=rows, rows_s=rows_spent[1],
+        admission=admission, admission_s=admission_spent[1],
     )
 
 
@@ -292,3 +307,34 @@ def measure_row_cost(runner: Runner, target: Target, tp: int, batch: int, p: Buc
         return row_cost.RowCost(0.0, 0.0, 0.0, f"not measured ({exc})"), (0.0, 0.0)
     full, one = row_cost.decode_times(run.ttft_s, run.e2e_s, batch)
     return row_cost.solve(full, one, p=p, batch=batch), (run.compile_s, run.run_s)
+
+
+def measure_admission(runner: Runner, target: Target, tp: int, batch: int, p: BucketProfile,
+                      buckets: Sequence[int]) -> tuple[admission_cost.AdmissionCost | None, tuple[float, float]]:
+    """What the unit's server costs per admission against TTFT_b, measured in bucket ``p`` (lens.admission),
+    and its (compile, run) seconds.
+
+    None (nothing measured) for a ragged-batching target or a runner that does not serve
+    continuous mode: its units are never served here, and a prediction of continuous serving
+    from their profiles composes TTFT_b as it is. A runner that fails it (or refuses the
+    target's settings for serving) leaves 0, with the reason in the note.
+    """
+    if target.batching != "static" or "continuous" not in runner.modes:
+        return None, (0.0, 0.0)
+    m = admission_cost.burst_size(batch, max_prefills=target.scheduler.max_prefills, prefill=target.prefill)
+    bk = tuple(sorted(buckets))
+    cand = Candidate(tp, batch, bk, bk)
+    rounds, spent = [], [0.0, 0.0]
+    try:
+        for _ in range(admission_cost.ROUNDS):
+            static = runner.run_workload(cand, admission_cost.static_workload(p, batch))
+            served = runner.run_workload(cand, admission_cost.served_workload(p, m), mode="continuous")
+            for run in (static, served):
+                spent[0] += run.compile_s
+                spent[1] += run.run_s
+            rounds.append((admission_cost.static_times(static.ttft_s, batch, target.prefill),
+                           *admission_cost.burst_times(served.ttft_s, m)))
+    except (RunnerError, UserError) as exc:  # the profiles stand without it
+        return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"not measured ({one_line(exc)})"), \
+            (spent[0], spent[1])
+    return admission_cost.solve(rounds, p=p, burst=m), (spent[0], spent[1])

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from lens.errors import LensoptError, UnitCannotRun, UserError, one_line
+from lens.admission import AdmissionCost
 from lens.rows import RowCost
 from lens.types import BucketProfile, Target, Unit
 from runners import Runner
@@ -65,6 +66,10 @@ class ProfileOutcome:
     #: the host's cost per live row measured with them (lens.rows; None: not measured) and its timed run seconds
     rows: RowCost | None = None
     rows_s: float = 0.0
+    #: what the unit's served admissions cost against TTFT_b (lens.admission; None: not measured) and its
+    #: timed run seconds
+    admission: AdmissionCost | None = None
+    admission_s: float = 0.0
 
 
 class LeaseKeeper:
@@ -160,6 +165,7 @@ def profile_missing(
         measured=tuple(missing), reused=reused, compile_s=m.compile_s, run_s=m.run_s,
         wall_s=time.perf_counter() - t0, simulated=m.simulated, noisy=dict(m.noisy), waited_s=waited,
         bucket_s=dict(m.bucket_s), notes=dict(m.notes), rows=m.rows, rows_s=m.rows_s,
+        admission=m.admission, admission_s=m.admission_s,
     )
 
 

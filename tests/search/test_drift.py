@@ -226,13 +226,21 @@ def test_profile_reports_the_host_cost_of_a_row_and_the_cache_keeps_it(tmp_path,
     rc = out["row_cost"]  # the example program's host spends 10 us per generating row per step
     assert rc["row_s"] == pytest.approx(1e-5, abs=3 * rc["err_s"]) and rc["run_s"] > 0 and rc["note"] == ""
     assert {p["row_s"] for p in out["profiles"].values()} == {rc["row_s"]}
-    # a second look reuses the cache: nothing measured again, the stored cost shown with the profiles
+    # its server admits a prompt for 0.3 ms more than a static call's 1.5 ms spread over 8 (its own model)
+    adm = out["admission"]
+    assert adm["burst"] == 8 and adm["run_s"] > 0 and adm["first_s"] == adm["raw_first_s"] != 0.0
+    assert adm["first_s"] == pytest.approx(0.3e-3 - 1.5e-3 / 8, abs=0.02 * out["profiles"]["64"]["ttft_s"])
+    assert {(p["admit_first_s"], p["admit_next_s"]) for p in out["profiles"].values()} == \
+        {(adm["first_s"], adm["next_s"])}
+    # a second look reuses the cache: nothing measured again, the stored costs shown with the profiles
     assert main(["profile", str(sp), "--tp", "1", "--batch", "8", "--cache", str(cache)]) == 0
     text = capsys.readouterr().out
-    assert "host cost of a row" not in text and "reused 3" in text
+    assert "host cost of a row" not in text and "served admissions" not in text and "reused 3" in text
     assert main(["profile", str(sp), "--tp", "1", "--batch", "8", "--cache", str(cache), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["row_cost"] is None and {p["row_s"] for p in again["profiles"].values()} == {rc["row_s"]}
+    assert again["admission"] is None and {p["admit_first_s"] for p in again["profiles"].values()} == \
+        {adm["first_s"]}
     assert main(["profile", str(sp), "--tp", "1", "--batch", "1", "--cache", str(cache)]) == 0
     assert "host cost of a row" not in capsys.readouterr().out  # batch 1: no row can end early
 
@@ -274,11 +282,13 @@ def test_a_confirmation_on_a_drifted_host_is_corrected_not_flagged(tmp_path, ray
 def test_a_confirmation_is_judged_on_the_median_of_its_passes(tmp_path, ray_local, passes):
     # a host with one slow minute: the confirmation's first two workload runs (its warm-up and its
     # first pass) are 1.5x slower, the probes and later runs are not. The one workload before them is
-    # the batch-2 unit's row-cost measurement, in its profiling (lens.rows)
+    # the batch-2 unit's row-cost measurement, in its profiling (lens.rows); a program that serves static
+    # batches only is not asked what its served admissions cost (lens.admission)
     count = tmp_path / "calls"
     sp = space(tmp_path / "s.toml", budget=f"confirm_repeats = {passes}\n")
     sp.write_text(sp.read_text().replace(
-        f'"{TOY}"]', f'"{TOY}", "--mode", "drift", "--drift", "1.5", "--fail-on", "run_workload", '
+        f'"{TOY}"]', f'"{TOY}", "--modes", "static", "--mode", "drift", "--drift", "1.5", '
+                     f'"--fail-on", "run_workload", '
                      f'"--after", "1", "--fail-times", "3", "--count-file", "{count.as_posix()}"]'))
     res = run(sp, results_dir=tmp_path / "r", name="p", cache=tmp_path / "c.sqlite", progress=False,
               log=lambda m: None)

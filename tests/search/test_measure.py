@@ -129,7 +129,8 @@ def test_a_staircase_that_breaks_its_shape_is_measured_again_and_kept_as_measure
 def test_every_bucket_of_the_unit_gets_its_cost(repeats):
     m = measure_unit(sim(stragglers=False), tp=1, batch=2, buckets=BUCKETS, all_buckets=BUCKETS,
                      profile=ProfileSettings(repeats=repeats))
-    assert sum(m.bucket_s.values()) + m.rows_s == pytest.approx(m.run_s, rel=1e-9)  # and the row cost's runs
+    # and the runs of the row cost and of the served admissions
+    assert sum(m.bucket_s.values()) + m.rows_s + m.admission_s == pytest.approx(m.run_s, rel=1e-9)
     assert all(p.repeats >= repeats for p in m.profiles.values())
     assert np.isfinite([p.ttft_err_s for p in m.profiles.values()]).all()
 
@@ -160,3 +161,47 @@ def test_the_row_cost_stands_on_a_device_with_stragglers_and_through_the_command
     # the example program's host spends 10 us per generating row per step (its own model, not lens')
     m = measure_unit(toy(), tp=1, batch=8, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings())
     assert m.rows.value == pytest.approx(1e-5, abs=3 * m.rows.err), m.rows
+
+
+# -- what the server's admissions cost against TTFT_b (lens.admission) ----------------------------------
+
+@pytest.mark.parametrize("batch", [4, 8])
+def test_a_server_that_launches_once_a_pass_is_measured_against_the_profile(batch):
+    # the simulated stack pays a 3 ms launch once per generate call and once per served admission pass: a
+    # static probe spreads it over its batch, a lone arrival pays all of it
+    launch = 3e-3
+    m = measure_unit(sim(noise=0.0, stragglers=False), tp=1, batch=batch, buckets=BUCKETS, all_buckets=BUCKETS,
+                     profile=ProfileSettings())
+    a = m.admission
+    assert a is not None and a.burst == batch and m.admission_s > 0
+    assert a.first_s == pytest.approx(launch * (1 - 1 / batch), rel=0.05), a
+    assert a.next_s == pytest.approx(-launch / batch, rel=0.1), a
+    assert {(p.admit_first_s, p.admit_next_s) for p in m.profiles.values()} == {(a.first_s, a.next_s)}
+    # as shipped (1% noise, stragglers): still within a few percent
+    m = measure_unit(sim(), tp=1, batch=batch, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings())
+    assert m.admission.first_s == pytest.approx(launch * (1 - 1 / batch), rel=0.1), m.admission
+
+
+def test_a_server_that_costs_what_the_profile_says_shows_none_beyond_its_noise():
+    m = measure_unit(sim(noise=0.01, launch=False), tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS,
+                     profile=ProfileSettings())
+    a = m.admission
+    for kept, raw, err in ((a.first_s, a.raw_first_s, a.first_err_s), (a.next_s, a.raw_next_s, a.next_err_s)):
+        assert kept == 0.0 or abs(raw) > 3 * err
+        assert abs(kept) < 0.02 * m.profiles[BUCKETS[0]].ttft_s  # nothing of the size of a launch
+
+
+def test_the_admission_cost_comes_through_the_command_protocol_and_is_skipped_where_nothing_serves():
+    # the example program: a static call's 1.5 ms spread over the batch; its server 0.3 ms per admitted prompt
+    # (+0.11 ms a prompt: about 1% of its prefill here, the size of its run-to-run factor)
+    m = measure_unit(toy(), tp=1, batch=8, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings())
+    a, want = m.admission, 0.3e-3 - 1.5e-3 / 8
+    assert a.burst == 8 and m.admission_s > 0 and a.first_err_s > 0
+    assert abs(a.raw_first_s - want) <= 3 * a.first_err_s and abs(a.raw_next_s - want) <= 3 * a.next_err_s, a
+    # a runner that does not serve continuous mode is never asked to: nothing run, nothing kept
+    runner = get_runner(sim())
+    runner.modes = ("static",)
+    m = measure_unit(sim(), tp=1, batch=4, buckets=BUCKETS[:1], all_buckets=BUCKETS, profile=ProfileSettings(),
+                     runner=runner)
+    assert m.admission is None and m.admission_s == 0.0
+    assert all(p.admit_first_s == p.admit_next_s == 0.0 for p in m.profiles.values())
