@@ -64,7 +64,7 @@ from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E4
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.drift_check import DriftCheck, checked  # noqa: E402
-from search.measure import measure_row_cost  # noqa: E402
+from search.measure import measure_admission, measure_row_cost  # noqa: E402
 from spaces import Budget, ProfileSettings  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
@@ -175,6 +175,12 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
         if row is not None:
             profiles = {b: dataclasses.replace(p, row_s=row.value) for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: host cost of a row {row.said()}", file=sys.stderr)
+        # what the server's admissions cost against TTFT_b (lens.admission), as lensopt's profiling measures it
+        adm, _ = measure_admission(runner, target, tp, batch, profiles[min(profiles)], buckets)
+        if adm is not None:
+            profiles = {b: dataclasses.replace(p, admit_first_s=adm.first_s, admit_next_s=adm.next_s)
+                        for b, p in profiles.items()}
+            print(f"{target.hardware} tp{tp} b{batch}: admissions {adm.said()}", file=sys.stderr)
         cand = Candidate(tp, batch, buckets, buckets)
         table = UnitTable.build(cand, profiles, policy=target.bucket_policy)
         serving = dataclasses.replace(target, serving="continuous")
