@@ -30,9 +30,9 @@ from typing import Mapping
 
 import numpy as np
 
+from .admission import unit_admission
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .errors import MissingProfiles, UserError
-from .admission import unit_admission
 from .rows import unit_row_s
 from .types import BATCHING, PREFILLS, BucketProfile, Candidate, Requests
 
