@@ -96,7 +96,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
     ci = select_index(lin, table.ctx_buckets, table.policy)
     cum = _context_prefix(table, table.tbt_s)
     order = np.argsort(arr, kind="stable")
-    admit, first, finish, steps, busy, slot_tokens, calls = _event_loop(
+    start, first, finish, steps, busy, slot_tokens, calls = _event_loop(
         arr[order], lin[order], lout[order], ci[order], table.ttft_s, cum,
         _context_prefix(table, table.tkg_buckets.astype(float)),
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
@@ -104,7 +104,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         admit=(table.admit_first_s, table.admit_next_s),
     )
     out = [np.empty(n) for _ in range(3)]
-    for dst, src in zip(out, (admit, first, finish)):
+    for dst, src in zip(out, (start, first, finish)):
         dst[order] = src
     used_pre = float(lin.sum())
     # a batched call computes every row of its compiled shape; a sequential prefill one prompt

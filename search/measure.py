@@ -335,6 +335,5 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, p: Bu
             rounds.append((admission_cost.static_times(static.ttft_s, batch, target.prefill),
                            *admission_cost.burst_times(served.ttft_s, m)))
     except (RunnerError, UserError) as exc:  # the profiles stand without it
-        return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"not measured ({one_line(exc)})"), \
-            (spent[0], spent[1])
-    return admission_cost.solve(rounds, p=p, burst=m), (spent[0], spent[1])
+        return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"not measured ({one_line(exc)})"), tuple(spent)
+    return admission_cost.solve(rounds, p=p, burst=m), tuple(spent)
