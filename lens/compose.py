@@ -32,6 +32,7 @@ import numpy as np
 
 from .admission import unit_admission
 from .buckets import bucket_ranges, select_index, validate_buckets
+from .context_cost import reference_context, unit_context_cost
 from .errors import MissingProfiles, UserError
 from .rows import unit_row_s
 from .types import BATCHING, PREFILLS, BucketProfile, Candidate, Requests
@@ -64,6 +65,11 @@ class UnitTable:
     #: admits, and to each further one in the pass (continuous serving only)
     admit_first_s: float = 0.0
     admit_next_s: float = 0.0
+    #: seconds per KV token a decode step reads (``lens.context_cost``; continuous serving only), the probes' mean
+    #: row context behind each TBT_b, and the mean context of the row cost's measured row
+    kv_token_s: float = 0.0
+    tkg_ref: np.ndarray | None = None
+    row_context: float = 0.0
 
     @classmethod
     def build(
@@ -83,6 +89,7 @@ class UnitTable:
         lo, hi = bucket_ranges(tkg, policy)
         used = [profiles[b] for b in sorted(set(ctx + tkg))]
         admit = unit_admission([profiles[b] for b in ctx])
+        kv, row_context = unit_context_cost([profiles[b] for b in tkg])
         return cls(
             batch=candidate.batch,
             policy=policy,
@@ -99,6 +106,9 @@ class UnitTable:
             row_s=unit_row_s([profiles[b] for b in tkg]),
             admit_first_s=admit[0],
             admit_next_s=admit[1],
+            kv_token_s=kv,
+            tkg_ref=np.asarray([reference_context(profiles[b]) for b in tkg], dtype=np.float64),
+            row_context=row_context,
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":

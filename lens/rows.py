@@ -87,6 +87,11 @@ def steps_for(p: BucketProfile) -> int:
     return max(min(STEPS, p.l2 - 1), 0)
 
 
+def measured_context(p: BucketProfile) -> float:
+    """The mean context of a live row over the measurement's decode steps in bucket ``p``."""
+    return p.input_len + (steps_for(p) + 1) / 2.0
+
+
 def workload(p: BucketProfile, batch: int, pairs: int = PAIRS) -> Requests:
     """``pairs`` pairs of a full and a one-row batch of bucket ``p``'s prompt, one after the other."""
     full = np.full(batch, steps_for(p) + 1, dtype=np.int64)

@@ -10,10 +10,14 @@ slots, less the host's per-row work for the free ones (``UnitTable.row_s``, ``le
 A slot frees when its request ends; an idle device waits for the next arrival. A pass's
 first prompt costs TTFT_b + ``admit_first_s`` and each further one TTFT_b + ``admit_next_s``
 (what the unit's server was measured to cost against its static profile: ``lens.admission``).
+On a unit whose decode kernel reads only the rows' own KV (``kv_token_s`` > 0,
+``lens.context_cost``) a step costs TBT_b less what the probes' rows read, plus what the
+live rows read at their contexts.
 
 Between two events (an admission, a completion) the live set is fixed and the longest
 context grows by one per step, so a run of k steps costs C(c + k) - C(c) with C the prefix
-sum of TBT over contexts: the loop jumps from event to event (O(n log B) for n requests)
+sum of TBT over contexts (and the live rows' contexts, a sum that grows by their number per
+step, add an arithmetic series): the loop jumps from event to event (O(n log B) for n requests)
 and never steps decode iterations one by one.
 """
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 
 from .buckets import select_index
 from .compose import UnitTable, check_fit
+from .context_cost import host_row_s, unread_tbt_s
 from .errors import UserError
 from .types import Requests, Scheduler
 
@@ -94,14 +99,19 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
     check_fit(requests, table)
     lin, lout = requests.input_len, requests.output_len
     ci = select_index(lin, table.ctx_buckets, table.policy)
-    cum = _context_prefix(table, table.tbt_s)
+    kv = table.kv_token_s
+    if kv > 0 and table.tkg_ref is not None:  # a paged kernel: a step costs what its live rows read
+        cum = _context_prefix(table, unread_tbt_s(table.tbt_s, table.tkg_ref, table.batch, kv))
+        row_s = host_row_s(table.row_s, kv, table.row_context)
+    else:
+        kv, cum, row_s = 0.0, _context_prefix(table, table.tbt_s), table.row_s
     order = np.argsort(arr, kind="stable")
     start, first, finish, steps, busy, slot_tokens, calls = _event_loop(
         arr[order], lin[order], lout[order], ci[order], table.ttft_s, cum,
         _context_prefix(table, table.tkg_buckets.astype(float)),
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
-        batched=table.prefill == "batched", row_s=table.row_s,
-        admit=(table.admit_first_s, table.admit_next_s),
+        batched=table.prefill == "batched", row_s=row_s,
+        admit=(table.admit_first_s, table.admit_next_s), kv=kv,
     )
     out = [np.empty(n) for _ in range(3)]
     for dst, src in zip(out, (start, first, finish)):
@@ -121,14 +131,15 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
 
 
 def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
-                row_s: float = 0.0, admit: tuple[float, float] = (0.0, 0.0)):
+                row_s: float = 0.0, admit: tuple[float, float] = (0.0, 0.0), kv: float = 0.0):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
     ``ci``: each request's context-encoding bucket index; ``ttft``: TTFT_b per bucket (one
     request's prefill, or with ``batched`` one call of the whole compiled batch); ``row_s``: the
     host's cost per live row of a step, counted in TBT_b, not paid for a free slot; ``admit``: seconds
     added to a pass's first prompt and to each further one (``lens.admission``; a batched pass is one
-    call: the first only).
+    call: the first only); ``kv``: seconds per context token of each live row per step (``lens.context_cost``;
+    ``cum`` then holds TBT_b less the probes' reads, and ``row_s`` the host's part of the row cost).
     Returns per-request admission, first-token and last-token times, the number of decode
     steps, the busy seconds, the KV positions the decode steps computed (for padding) and
     the bucket index of every batched prefill call.
@@ -145,8 +156,14 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     bases: list[tuple[int, int]] = []  # max-heap of (-base, request); lazy deletion
     live = [False] * n
     t, g, qi, free, nlive, done = 0.0, 0, 0, batch, 0, 0
+    sb = 0  # sum of the live requests' bases: their contexts at global step s sum to sb + nlive s
     busy = slot_tokens = 0.0
     searchsorted = np.searchsorted
+
+    def run_s(c: int, k: int, g: int, free: int, nlive: int, sb: int) -> float:
+        """Seconds of k steps from global step g with a fixed live set (longest context c)."""
+        reads = k * (sb + nlive * g) + nlive * k * (k + 1) // 2  # context tokens the live rows hold over them
+        return float(cum[c + k] - cum[c]) - k * free * row_s + kv * reads
     while done < n:
         # -- admission: free slots take waiting requests (FIFO)
         if free and qi < n and arr_l[qi] <= t + _EPS:
@@ -186,6 +203,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 live[i] = True
                 heapq.heappush(ends, (g + lout_l[i] - 1, i))
                 heapq.heappush(bases, (g - lin_l[i], i))
+                sb += lin_l[i] - g
         if not nlive:
             if qi < n and arr_l[qi] > t:
                 t = arr_l[qi]  # idle until the next arrival
@@ -199,12 +217,21 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
             wait = arr_l[qi] - t
             if wait <= _EPS:
                 k = 1
+            elif kv:  # the steps' cost grows with their contexts: the fewest steps that reach the arrival
+                lo_k, hi_k = 1, k
+                while lo_k < hi_k:
+                    mid = (lo_k + hi_k) // 2
+                    if run_s(c, mid, g, free, nlive, sb) >= wait:
+                        hi_k = mid
+                    else:
+                        lo_k = mid + 1
+                k = lo_k
             else:
                 # (steps made cheaper by the free slots' row cost take more of them to reach the
                 # arrival: the next pass of the loop runs the rest)
                 x = int(searchsorted(cum, cum[c] + wait, side="left"))
                 k = max(1, min(k, x - c))
-        dt = float(cum[c + k] - cum[c]) - k * free * row_s
+        dt = run_s(c, k, g, free, nlive, sb) if kv else float(cum[c + k] - cum[c]) - k * free * row_s
         t += dt
         busy += dt
         slot_tokens += float(cum_slots[c + k] - cum_slots[c])
@@ -213,6 +240,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
             _, i = heapq.heappop(ends)
             finish[i] = t
             live[i] = False
+            sb -= lin_l[i] - (g - (lout_l[i] - 1))
             free += 1
             nlive -= 1
             done += 1

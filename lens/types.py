@@ -253,6 +253,10 @@ class BucketProfile:
     #: the first prompt a scheduler pass admits, and to each further one in the same pass
     admit_first_s: float = 0.0
     admit_next_s: float = 0.0
+    #: the unit's seconds per KV token a decode step reads (lens.context_cost; 0: a kernel of the bucket's shape),
+    #: and the mean context of a row in the row cost's measurement (``row_s`` holds that row's reads too)
+    kv_token_s: float = 0.0
+    row_context: float = 0.0
 
     @property
     def rel_err(self) -> float:

@@ -9,7 +9,7 @@ from lens.errors import UserError
 from lens.serving import Scheduler, predict_serving
 from lens.types import Requests
 
-from servingkit import TBT, TTFT, table  # tests/lens is on sys.path (pytest rootdir imports)
+from servingkit import REF, TBT, TTFT, table  # tests/lens is on sys.path (pytest rootdir imports)
 
 
 def run(batch, lin, lout, arr, prefill="sequential", **sched):
@@ -158,9 +158,11 @@ def test_a_pass_charges_its_first_prompt_and_each_further_one_their_own_offsets(
 
 
 def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", prefill="sequential", row_s=0.0,
-              admit=(0.0, 0.0)):
+              admit=(0.0, 0.0), kv=0.0, row_context=0.0):
     """The machine of docs/serving.md stepped one decode iteration at a time (no jumps); a free slot
-    saves ``row_s`` of every step; a pass's first prompt costs ``admit[0]`` more, each further one ``admit[1]``."""
+    saves ``row_s`` of every step; a pass's first prompt costs ``admit[0]`` more, each further one ``admit[1]``;
+    with ``kv`` a step costs TBT less the probes' B rows' reads at context REF, plus each live row's at its own,
+    and a free slot saves only the host's part of ``row_s`` (what is left beyond a row's reads at ``row_context``)."""
     n = len(lin)
     order = sorted(range(n), key=lambda i: (arr[i], i))
     first, finish = [None] * n, [None] * n
@@ -196,7 +198,9 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
                 t = arr[order[q]]
             continue
         longest = max(lin[i] + s + 1 for i, s in slots.items())
-        t += TBT[select(longest, (8, 16), policy)] - (batch - len(slots)) * row_s
+        host = max(row_s - kv * row_context, 0.0)
+        reads = sum(lin[i] + s + 1 for i, s in slots.items())
+        t += TBT[select(longest, (8, 16), policy)] - batch * kv * REF + kv * reads - (batch - len(slots)) * host
         for i in list(slots):
             slots[i] += 1
             if slots[i] == lout[i] - 1:
@@ -205,10 +209,11 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
     return np.asarray(first), np.asarray(finish)
 
 
-@pytest.mark.parametrize("row_s, admit", [(0.0, (0.0, 0.0)), (0.02, (0.0, 0.0)), (0.0, (0.3, -0.1))])
+@pytest.mark.parametrize("row_s, admit, kv", [(0.0, (0.0, 0.0), 0.0), (0.02, (0.0, 0.0), 0.0), (0.0, (0.3, -0.1), 0.0),
+                                              (0.02, (0.0, 0.0), 0.003), (0.0, (0.3, -0.1), 0.001)])
 @pytest.mark.parametrize("prefill", ["sequential", "batched"])
 @pytest.mark.parametrize("seed", range(12))
-def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit):
+def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit, kv):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 40))
     batch = int(rng.integers(1, 5))
@@ -217,10 +222,12 @@ def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit)
     arr = np.round(np.cumsum(rng.exponential(rng.choice([0.05, 0.5, 3.0]), n)) * rng.integers(0, 2, n), 2)
     cap = int(rng.integers(0, 3))
     eager = bool(rng.integers(0, 2))
-    p = predict_serving(table(batch, prefill=prefill, row_s=row_s, admit=admit), Requests(lin, lout, arr),
+    row_context = 4.0 if kv else 0.0
+    p = predict_serving(table(batch, prefill=prefill, row_s=row_s, admit=admit, kv=kv, row_context=row_context),
+                        Requests(lin, lout, arr),
                         scheduler=Scheduler(max_prefills=cap, prefill_priority="prefill" if eager else "decode"))
     first, finish = reference(batch, lin.tolist(), lout.tolist(), arr.tolist(), cap=cap, eager=eager,
-                              prefill=prefill, row_s=row_s, admit=admit)
+                              prefill=prefill, row_s=row_s, admit=admit, kv=kv, row_context=row_context)
     np.testing.assert_allclose(p.first_s, first, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(p.finish_s, finish, rtol=1e-9, atol=1e-9)
 
