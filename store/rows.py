@@ -166,6 +166,7 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "ttft_err_s": f, "tbt_err_s": f, "excess": lambda v: as_ratio(v, text=text),
         "accepted": lambda v: _bool(v, text=text),
         "row_s": f, "admit_first_s": off, "admit_next_s": off,
+        "kv_token_s": f, "row_context": f,  # seconds per token; tokens (both finite, >= 0)
     }
 
 
@@ -201,6 +202,7 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "measured_at": p.measured_at, "simulated": p.simulated, "source": p.source,
         "ttft_err_s": p.ttft_err_s, "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
         "row_s": p.row_s, "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
+        "kv_token_s": p.kv_token_s, "row_context": p.row_context,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -226,6 +228,7 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         ttft_err_s=float(r["ttft_err_s"]), tbt_err_s=float(r["tbt_err_s"]), excess=float(r["excess"]),
         accepted=bool(r["accepted"]), row_s=float(r["row_s"]),
         admit_first_s=float(r["admit_first_s"]), admit_next_s=float(r["admit_next_s"]),
+        kv_token_s=float(r["kv_token_s"]), row_context=float(r["row_context"]),
     )
 
 
