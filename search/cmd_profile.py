@@ -109,7 +109,8 @@ def cmd_profile(args) -> int:
                                   "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
                                   "l1": p.l1, "l2": p.l2, "repeats": p.repeats, "spread": p.spread,
                                   "source": p.source, "run_s": out.bucket_s.get(b), "row_s": p.row_s,
-                                  "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s}
+                                  "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
+                                  "kv_token_s": p.kv_token_s, "row_context": p.row_context}
                          for b, p in profiles.items()},
             "row_cost": None if out.rows is None else {
                 "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,
@@ -119,6 +120,10 @@ def cmd_profile(args) -> int:
                 "first_err_s": out.admission.first_err_s, "next_err_s": out.admission.next_err_s,
                 "raw_first_s": out.admission.raw_first_s, "raw_next_s": out.admission.raw_next_s,
                 "burst": out.admission.burst, "note": out.admission.note, "run_s": out.admission_s},
+            "context_cost": None if out.context is None else {
+                "kv_token_s": out.context.value, "err_s": out.context.err, "raw_s": out.context.raw,
+                "bucket": out.context.bucket, "short_len": out.context.short_len, "long_len": out.context.long_len,
+                "note": out.context.note, "run_s": out.context_s},
             "noisy": {str(b): why for b, why in out.noisy.items()},
             "notes": {str(b): why for b, why in out.notes.items()},
         })
@@ -141,6 +146,9 @@ def cmd_profile(args) -> int:
     if out.admission is not None:
         print(f"served admissions against TTFT_b: {out.admission.said()} (measured in bucket {min(out.measured)}: "
               f"{out.admission_s:.2f} s of runs{sim})")
+    if out.context is not None:
+        print(f"a live row's context per decode step: {out.context.said()}; served steps cost what their rows "
+              f"read ({out.context_s:.2f} s of runs{sim})")
     for b, why in sorted(out.notes.items()):
         print(f"bucket {b}: {why}")
     for why in out.noisy.values():

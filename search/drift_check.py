@@ -36,6 +36,7 @@ from typing import Callable, Mapping, Sequence, TypeVar
 
 from lens.admission import unit_admission
 from lens.buckets import decode_contexts, used_buckets
+from lens.context_cost import unit_context_cost
 from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Reference, action, drift_of,
                         reference_probe)
 from lens.errors import one_line
@@ -74,6 +75,10 @@ class DriftCheck:
     #: static probes, so the profiles taken side by side carry them over too
     admit_first_s: float = 0.0
     admit_next_s: float = 0.0
+    #: what a live row's context costs a decode step, and the row cost's measured context (``lens.context_cost``):
+    #: the rounds' probes hold one context per row and cannot see it either
+    kv_token_s: float = 0.0
+    row_context: float = 0.0
 
     @classmethod
     def of(cls, space: Space, cand: Candidate, requests: Requests,
@@ -99,8 +104,10 @@ class DriftCheck:
             else (dataclasses.replace(ref.probe, repeats=least),)
         cached = [profiles[b] for b in used if b in profiles]
         first, nxt = unit_admission(cached)
+        kv, row_context = unit_context_cost(cached)
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
-                   all_buckets, profile, side, probes, unit_row_s(cached), admit_first_s=first, admit_next_s=nxt)
+                   all_buckets, profile, side, probes, unit_row_s(cached), admit_first_s=first, admit_next_s=nxt,
+                   kv_token_s=kv, row_context=row_context)
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
@@ -240,4 +247,5 @@ def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
     return {b: dataclasses.replace(
         to_profile(f, accepted=assess(f, max_spread=check.profile.max_spread) is None, runner=name, host=res.host,
                    simulated=res.simulated), row_s=check.row_s, admit_first_s=check.admit_first_s,
-        admit_next_s=check.admit_next_s) for b, f in fits.items()}, ""
+        admit_next_s=check.admit_next_s, kv_token_s=check.kv_token_s, row_context=check.row_context)
+        for b, f in fits.items()}, ""

@@ -29,6 +29,10 @@ for the search); the caller stores what it returns, whole, in one transaction.
    a static call and a served call of one-token requests in the same bucket; kept in every
    profile (``admit_first_s``, ``admit_next_s``). Only for a runner that serves continuous
    mode; one that cannot leaves 0, with the reason (``UnitMeasurement.admission``).
+8. What a live row's context costs a decode step (``lens.context_cost``): pairs of full
+   batches at the shortest and the longest prompt of the widest token-generation window;
+   kept in every profile (``kv_token_s``, with the row cost's measured context,
+   ``row_context``). Only where the unit may be served continuously, as 7.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from lens import admission as admission_cost
+from lens import context_cost
 from lens import rows as row_cost
 from lens.errors import RunnerError, UserError, one_line
 from lens.noise import ESTIMATOR
@@ -87,6 +92,10 @@ class UnitMeasurement:
     #: does not serve continuous mode, ragged batching), and its timed run seconds (in run_s)
     admission: admission_cost.AdmissionCost | None = None
     admission_s: float = 0.0
+    #: what a live row's context costs a decode step (lens.context_cost); None when not measured (as admission),
+    #: and its timed run seconds (in run_s)
+    context: context_cost.ContextCost | None = None
+    context_s: float = 0.0
 
     @property
     def hardware_s(self) -> float:
@@ -272,19 +281,24 @@ def measure_unit(
     rows, rows_spent = measure_row_cost(runner, target, tp, batch, profiles[want[0]], want)
     compile_s, run_s = compile_s + rows_spent[0], run_s + rows_spent[1]
     if rows is not None:
-        profiles = {b: dataclasses.replace(p, row_s=rows.value) for b, p in profiles.items()}
+        profiles = {b: dataclasses.replace(p, row_s=rows.value, row_context=row_cost.measured_context(profiles[want[0]]))
+                    for b, p in profiles.items()}
     admission, admission_spent = measure_admission(runner, target, tp, batch, profiles[want[0]], want)
     compile_s, run_s = compile_s + admission_spent[0], run_s + admission_spent[1]
     if admission is not None:
         profiles = {b: dataclasses.replace(p, admit_first_s=admission.first_s, admit_next_s=admission.next_s)
                     for b, p in profiles.items()}
+    context, context_spent = measure_context_cost(runner, target, tp, batch, profiles, want)
+    compile_s, run_s = compile_s + context_spent[0], run_s + context_spent[1]
+    if context is not None:
+        profiles = {b: dataclasses.replace(p, kv_token_s=context.value) for b, p in profiles.items()}
     noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict[b]}
     return UnitMeasurement(
         tp=tp, batch=batch, profiles=profiles, compile_s=compile_s, run_s=run_s, host=result.host,
         versions=dict(result.versions), simulated=result.simulated, started_at=started, ended_at=time.time(),
         noisy=noisy, attempts=attempt, bucket_s={b: runs.cost.get(b, 0.0) for b in want},
         notes={b: "; ".join(v) for b, v in notes.items()}, rows=rows, rows_s=rows_spent[1],
-        admission=admission, admission_s=admission_spent[1],
+        admission=admission, admission_s=admission_spent[1], context=context, context_s=context_spent[1],
     )
 
 
@@ -337,3 +351,27 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, p: Bu
     except (RunnerError, UserError) as exc:  # the profiles stand without it
         return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"not measured ({one_line(exc)})"), tuple(spent)
     return admission_cost.solve(rounds, p=p, burst=m), tuple(spent)
+
+
+def measure_context_cost(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
+                         buckets: Sequence[int]) -> tuple[context_cost.ContextCost | None, tuple[float, float]]:
+    """What a live row's context costs a decode step (lens.context_cost), measured in the widest window of the
+    unit's measured buckets, and its (compile, run) seconds.
+
+    None (nothing measured) where ``measure_admission`` measures nothing (only served steps compose it) or no
+    window spans ``context_cost.MIN_SPAN`` tokens. A runner that fails it leaves 0, with the reason in the note.
+    """
+    if target.batching != "static" or "continuous" not in runner.modes:
+        return None, (0.0, 0.0)
+    bk = tuple(sorted(buckets))
+    chosen = context_cost.pick(profiles, bk, target.bucket_policy)
+    if chosen is None:
+        return None, (0.0, 0.0)
+    p, short, long_ = chosen
+    try:
+        run = runner.run_workload(Candidate(tp, batch, bk, bk), context_cost.workload(short, long_, batch))
+    except (RunnerError, UserError) as exc:  # the profiles stand without it
+        return (context_cost.ContextCost(0.0, 0.0, 0.0, p.bucket, short, long_, f"not measured ({one_line(exc)})"),
+                (0.0, 0.0))
+    return (context_cost.solve(run.ttft_s, run.e2e_s, p=p, short=short, long_=long_, batch=batch),
+            (run.compile_s, run.run_s))

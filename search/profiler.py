@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from lens.errors import LensoptError, UnitCannotRun, UserError, one_line
 from lens.admission import AdmissionCost
+from lens.context_cost import ContextCost
 from lens.rows import RowCost
 from lens.types import BucketProfile, Target, Unit
 from runners import Runner
@@ -70,6 +71,10 @@ class ProfileOutcome:
     #: timed run seconds
     admission: AdmissionCost | None = None
     admission_s: float = 0.0
+    #: what a live row's context costs a decode step (lens.context_cost; None: not measured) and its timed run
+    #: seconds
+    context: ContextCost | None = None
+    context_s: float = 0.0
 
 
 class LeaseKeeper:
@@ -165,7 +170,7 @@ def profile_missing(
         measured=tuple(missing), reused=reused, compile_s=m.compile_s, run_s=m.run_s,
         wall_s=time.perf_counter() - t0, simulated=m.simulated, noisy=dict(m.noisy), waited_s=waited,
         bucket_s=dict(m.bucket_s), notes=dict(m.notes), rows=m.rows, rows_s=m.rows_s,
-        admission=m.admission, admission_s=m.admission_s,
+        admission=m.admission, admission_s=m.admission_s, context=m.context, context_s=m.context_s,
     )
 
 

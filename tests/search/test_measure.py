@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from lens.probes import fit, plan_probes, probe_window
+from lens.context_cost import STEPS
+from lens.rows import measured_context
 from lens.types import ModelShape, ProbeRun, Target, Unit
 from runners import get_runner
 from search.measure import SHAPE_TOLERANCE, measure_unit
@@ -129,8 +131,8 @@ def test_a_staircase_that_breaks_its_shape_is_measured_again_and_kept_as_measure
 def test_every_bucket_of_the_unit_gets_its_cost(repeats):
     m = measure_unit(sim(stragglers=False), tp=1, batch=2, buckets=BUCKETS, all_buckets=BUCKETS,
                      profile=ProfileSettings(repeats=repeats))
-    # and the runs of the row cost and of the served admissions
-    assert sum(m.bucket_s.values()) + m.rows_s + m.admission_s == pytest.approx(m.run_s, rel=1e-9)
+    # and the runs of the row cost, of the served admissions and of a row's context
+    assert sum(m.bucket_s.values()) + m.rows_s + m.admission_s + m.context_s == pytest.approx(m.run_s, rel=1e-9)
     assert all(p.repeats >= repeats for p in m.profiles.values())
     assert np.isfinite([p.ttft_err_s for p in m.profiles.values()]).all()
 
@@ -205,3 +207,30 @@ def test_the_admission_cost_comes_through_the_command_protocol_and_is_skipped_wh
                      runner=runner)
     assert m.admission is None and m.admission_s == 0.0
     assert all(p.admit_first_s == p.admit_next_s == 0.0 for p in m.profiles.values())
+
+
+# -- what a live row's context costs a decode step (lens.context_cost) ------------------------------------
+
+def test_a_paged_decode_kernels_reads_are_measured_and_a_bucket_shaped_one_shows_none():
+    # the simulated TPU stack reads each row's own pages (ragged paged attention); what its graphs cost the
+    # measurement's two batches, step by step (contexts prompt + 1 .. prompt + STEPS), per token of difference
+    tpu = Target("s", "sim", "tpu-v6e", "inclusive", "bfloat16", MODEL,
+                 (("drift", False), ("noise", 0.0), ("stragglers", False)), seed=1)
+    runner = get_runner(tpu)
+    m = measure_unit(tpu, tp=1, batch=4, buckets=BUCKETS, all_buckets=BUCKETS, profile=ProfileSettings(),
+                     runner=runner)
+    c = m.context
+    assert c is not None and c.bucket == 1024 and m.context_s > 0 and c.note == "", c
+    g = runner._graphs(1, 4)
+    steps = np.arange(1, STEPS + 1)[:, None] + np.zeros((1, 4), np.int64)
+    d = [float(g.decode_s(length + steps, np.full(STEPS, 1024)).sum()) for length in (c.short_len, c.long_len)]
+    device = (d[1] - d[0]) / (STEPS * 4 * (c.long_len - c.short_len))
+    assert c.value == pytest.approx(device, rel=0.02), (c, device)
+    assert {p.kv_token_s for p in m.profiles.values()} == {c.value}
+    # the row cost's measured row (its reads are taken out of the row cost where a step is composed)
+    assert {p.row_context for p in m.profiles.values()} == {measured_context(m.profiles[BUCKETS[0]])}
+    # NxD Inference's token-generation kernel takes the bucket's whole cache: none counted, as shipped (noise
+    # and stragglers on)
+    m = measure_unit(sim(), tp=1, batch=4, buckets=BUCKETS, all_buckets=BUCKETS, profile=ProfileSettings())
+    assert m.context is not None and m.context.value == 0.0 and "none counted" in m.context.note, m.context
+    assert all(p.kv_token_s == 0.0 for p in m.profiles.values())
