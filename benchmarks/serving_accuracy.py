@@ -57,6 +57,7 @@ from lens.capacity import saturation_rate  # noqa: E402
 from lens.compose import UnitTable  # noqa: E402
 from lens.distributions import sample  # noqa: E402
 from lens.probes import plan_probes, solve  # noqa: E402
+from lens.rows import measured_context  # noqa: E402
 from lens.errors import LensoptError  # noqa: E402
 from lens.serving import predict_serving  # noqa: E402
 from lens.serving_metrics import summarize_serving, summarize_serving_prediction  # noqa: E402
@@ -64,7 +65,7 @@ from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E4
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.drift_check import DriftCheck, checked  # noqa: E402
-from search.measure import measure_admission, measure_row_cost  # noqa: E402
+from search.measure import measure_admission, measure_context_cost, measure_row_cost  # noqa: E402
 from spaces import Budget, ProfileSettings  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
@@ -173,7 +174,8 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
         # the host's cost per live row (lens.rows), measured as lensopt's profiling does: free slots pay none
         row, _ = measure_row_cost(runner, target, tp, batch, profiles[min(profiles)], buckets)
         if row is not None:
-            profiles = {b: dataclasses.replace(p, row_s=row.value) for b, p in profiles.items()}
+            profiles = {b: dataclasses.replace(p, row_s=row.value, row_context=measured_context(profiles[min(profiles)]))
+                        for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: host cost of a row {row.said()}", file=sys.stderr)
         # what the server's admissions cost against TTFT_b (lens.admission), as lensopt's profiling measures it
         adm, _ = measure_admission(runner, target, tp, batch, profiles[min(profiles)], buckets)
@@ -181,6 +183,11 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
             profiles = {b: dataclasses.replace(p, admit_first_s=adm.first_s, admit_next_s=adm.next_s)
                         for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: admissions {adm.said()}", file=sys.stderr)
+        # what a live row's context costs a decode step (lens.context_cost), as lensopt's profiling measures it
+        kv, _ = measure_context_cost(runner, target, tp, batch, profiles, buckets)
+        if kv is not None:
+            profiles = {b: dataclasses.replace(p, kv_token_s=kv.value) for b, p in profiles.items()}
+            print(f"{target.hardware} tp{tp} b{batch}: a row's context {kv.said()}", file=sys.stderr)
         cand = Candidate(tp, batch, buckets, buckets)
         table = UnitTable.build(cand, profiles, policy=target.bucket_policy)
         serving = dataclasses.replace(target, serving="continuous")

@@ -15,6 +15,7 @@ prediction's speed is measured here), then times, repeated, with median and spre
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -87,6 +88,13 @@ def main(argv=None) -> int:
           f"{fmt(timed(lambda: predict_serving(table, req, scheduler=sched), args.repeats))}")
     print(f"  Poisson at saturation ({sat:.2f} req/s, {heavy.decode_steps} decode steps): "
           f"{fmt(timed(lambda: predict_serving(table, poisson, scheduler=sched), args.repeats))}")
+    # the composition of a paged decode kernel (lens.context_cost): each run of steps adds its live rows' reads,
+    # and the step boundary after an arrival is bisected for; 20 ns per KV token, the simulated TPU's size
+    paged = dataclasses.replace(table, kv_token_s=20e-9)
+    print(f"  trace arrivals, a paged kernel's context cost composed (20 ns per KV token): "
+          f"{fmt(timed(lambda: predict_serving(paged, req, scheduler=sched), args.repeats))}")
+    print(f"  Poisson at saturation, the same: "
+          f"{fmt(timed(lambda: predict_serving(paged, poisson, scheduler=sched), args.repeats))}")
     t = timed(lambda: max_sustainable_rate(table, small, unit_arrival_s=unit, scheduler=sched,
                                            slo={"ttft_p90_s": 2.0}), max(3, args.repeats // 2))
     print(f"  largest sustainable rate, {len(small)} requests, ttft_p90_s <= 2 s: {search.rate_req_s:.3f} req/s "
