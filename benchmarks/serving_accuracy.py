@@ -174,8 +174,8 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
         # the host's cost per live row (lens.rows), measured as lensopt's profiling does: free slots pay none
         row, _ = measure_row_cost(runner, target, tp, batch, profiles[min(profiles)], buckets)
         if row is not None:
-            profiles = {b: dataclasses.replace(p, row_s=row.value, row_context=measured_context(profiles[min(profiles)]))
-                        for b, p in profiles.items()}
+            at = measured_context(profiles[min(profiles)])
+            profiles = {b: dataclasses.replace(p, row_s=row.value, row_context=at) for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: host cost of a row {row.said()}", file=sys.stderr)
         # what the server's admissions cost against TTFT_b (lens.admission), as lensopt's profiling measures it
         adm, _ = measure_admission(runner, target, tp, batch, profiles[min(profiles)], buckets)

@@ -140,7 +140,7 @@ def solve(ttft_s: Sequence[float], e2e_s: Sequence[float], *, p: BucketProfile, 
     if raw <= SIGMAS * err:
         return ContextCost(0.0, err, raw, p.bucket, short, long_,
                            f"{raw * 1e9:.2f} ns +- {err * 1e9:.2f}: within {SIGMAS:g} standard errors of none, "
-                           "none counted (a decode kernel of the bucket's shape)")
+                           "none counted: TBT_b whatever the rows hold")
     bound = p.tbt_s / (batch * max(reference_context(p), 1.0))
     if raw > bound:
         return ContextCost(bound, err, raw, p.bucket, short, long_,

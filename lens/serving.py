@@ -164,6 +164,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
         """Seconds of k steps from global step g with a fixed live set (longest context c)."""
         reads = k * (sb + nlive * g) + nlive * k * (k + 1) // 2  # context tokens the live rows hold over them
         return float(cum[c + k] - cum[c]) - k * free * row_s + kv * reads
+
     while done < n:
         # -- admission: free slots take waiting requests (FIFO)
         if free and qi < n and arr_l[qi] <= t + _EPS:

@@ -281,8 +281,8 @@ def measure_unit(
     rows, rows_spent = measure_row_cost(runner, target, tp, batch, profiles[want[0]], want)
     compile_s, run_s = compile_s + rows_spent[0], run_s + rows_spent[1]
     if rows is not None:
-        profiles = {b: dataclasses.replace(p, row_s=rows.value, row_context=row_cost.measured_context(profiles[want[0]]))
-                    for b, p in profiles.items()}
+        at = row_cost.measured_context(profiles[want[0]])
+        profiles = {b: dataclasses.replace(p, row_s=rows.value, row_context=at) for b, p in profiles.items()}
     admission, admission_spent = measure_admission(runner, target, tp, batch, profiles[want[0]], want)
     compile_s, run_s = compile_s + admission_spent[0], run_s + admission_spent[1]
     if admission is not None:
