@@ -39,8 +39,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .buckets import bucket_ranges
-from .noise import DRAWS, SEED, spread
-from .rows import decode_times
+from .noise import DRAWS, SEED
+from .rows import decode_times, median_difference
 from .types import BucketProfile, Requests
 
 #: decode steps of each batch: long enough that the reads of 16 steps of a whole batch stand out of a step's
@@ -134,9 +134,7 @@ def solve(ttft_s: Sequence[float], e2e_s: Sequence[float], *, p: BucketProfile, 
     if d_short.size == 0 or d_short.size != d_long.size:
         return ContextCost(0.0, 0.0, 0.0, p.bucket, short, long_, "no whole pair was run")
     per = STEPS * batch * (long_ - short)
-    raw = float(np.median(d_long) - np.median(d_short)) / per
-    idx = np.random.default_rng(seed).integers(0, d_short.size, size=(draws, d_short.size))  # pairs drawn whole
-    err = float(spread((np.median(d_long[idx], axis=1) - np.median(d_short[idx], axis=1)) / per))
+    raw, err = median_difference(d_long, d_short, per, draws=draws, seed=seed)
     if raw <= SIGMAS * err:
         return ContextCost(0.0, err, raw, p.bucket, short, long_,
                            f"{raw * 1e9:.2f} ns +- {err * 1e9:.2f}: within {SIGMAS:g} standard errors of none, "

@@ -109,6 +109,15 @@ def decode_times(ttft_s: Sequence[float], e2e_s: Sequence[float], batch: int) ->
     return d[0::2], d[1::2]
 
 
+def median_difference(a: np.ndarray, b: np.ndarray, per: float, *, draws: int = DRAWS, seed: int = SEED
+                      ) -> tuple[float, float]:
+    """(median(a) - median(b)) / per for paired runs, and its standard error bootstrapped over the pairs (each
+    pair drawn whole, so a slow minute that lands on both runs of a pair stays paired)."""
+    raw = float(np.median(a) - np.median(b)) / per
+    idx = np.random.default_rng(seed).integers(0, a.size, size=(draws, a.size))
+    return raw, float(spread((np.median(a[idx], axis=1) - np.median(b[idx], axis=1)) / per))
+
+
 def solve(full_s: Sequence[float], one_s: Sequence[float], *, p: BucketProfile, batch: int,
           draws: int = DRAWS, seed: int = SEED) -> RowCost:
     """``row_s`` from the decode seconds of the full and the one-row batches (one of each per pair)."""
@@ -118,9 +127,7 @@ def solve(full_s: Sequence[float], one_s: Sequence[float], *, p: BucketProfile, 
     f, o = np.asarray(full_s, dtype=float), np.asarray(one_s, dtype=float)
     if f.size == 0 or f.size != o.size:
         return RowCost(0.0, 0.0, 0.0, "no whole pair was run")
-    raw = float(np.median(f) - np.median(o)) / span
-    idx = np.random.default_rng(seed).integers(0, f.size, size=(draws, f.size))  # pairs drawn whole
-    err = float(spread((np.median(f[idx], axis=1) - np.median(o[idx], axis=1)) / span))
+    raw, err = median_difference(f, o, span, draws=draws, seed=seed)
     if raw <= SIGMAS * err:
         return RowCost(0.0, err, raw, f"{raw * 1e6:.1f} us +- {err * 1e6:.1f}: within {SIGMAS:g} standard errors "
                                       "of none, none counted")
