@@ -56,25 +56,27 @@ def _quiet(args):
     return (lambda msg: print(msg, file=sys.stderr)) if args.json else print
 
 
-#: the front's columns under static batches, and under continuous serving (requests per second
-#: at the operator's rate, what the SLOs judge, and the largest rate the unit sustains)
-STATIC_COLUMNS = (("throughput_tok_s", "tok/s"), ("throughput_tok_s_per_chip", "tok/s/chip"),
-                  ("ttft_p50_s", "TTFT p50"), ("tpot_p50_s", "TPOT p50"), ("e2e_p90_s", "E2E p90"))
-SERVING_COLUMNS = (("request_throughput_req_s_per_chip", "req/s/chip"), ("goodput_req_s_per_chip", "goodput/chip"),
-                   ("sustainable_rate_req_s_per_chip", "max rate/chip"), ("ttft_p90_s", "TTFT p90"),
-                   ("tpot_p90_s", "TPOT p90"), ("e2e_p90_s", "E2E p90"))
-
-
-def _serving(ledger) -> bool:
-    return ledger.target is not None and ledger.target.serving == "continuous"
-
-
 def _num(v) -> str:
     return "" if v is None or pd.isna(v) else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
 
 
 def _cell(v) -> str:
     return "" if v is None or pd.isna(v) else fmt_s(v)
+
+
+#: the front's columns under static batches, and under continuous serving (requests per second
+#: at the operator's rate, what the SLOs judge, and the largest rate the unit sustains): the
+#: metric, its header and how its cells read (a rate as a plain number, a latency in s or ms)
+STATIC_COLUMNS = (("throughput_tok_s", "tok/s", _num), ("throughput_tok_s_per_chip", "tok/s/chip", _num),
+                  ("ttft_p50_s", "TTFT p50", _cell), ("tpot_p50_s", "TPOT p50", _cell), ("e2e_p90_s", "E2E p90", _cell))
+SERVING_COLUMNS = (("request_throughput_req_s_per_chip", "req/s/chip", _num),
+                   ("goodput_req_s_per_chip", "goodput/chip", _num),
+                   ("sustainable_rate_req_s_per_chip", "max rate/chip", _num), ("ttft_p90_s", "TTFT p90", _cell),
+                   ("tpot_p90_s", "TPOT p90", _cell), ("e2e_p90_s", "E2E p90", _cell))
+
+
+def _serving(ledger) -> bool:
+    return ledger.target is not None and ledger.target.serving == "continuous"
 
 
 def _as_is_and_corrected(r: dict, as_is: str, corrected: str, spec: str) -> str:
@@ -117,13 +119,13 @@ def print_front(res) -> None:
             d = r._asdict()
             rows.append([d["rank"], d["tp"], d["batch"], d["ctx_buckets"] if d["ctx_buckets"] == d["tkg_buckets"]
                          else f"ctx {d['ctx_buckets']} / tkg {d['tkg_buckets']}",
-                         *(_cell(d.get(k)) if k.endswith("_s") else _num(d.get(k)) for k, _ in cols),
+                         *(cell(d.get(k)) for k, _, cell in cols),
                          ("yes" + (" FLAGGED" if d.get("flagged") is True else "")) if d.get("confirmed") is True else ""])
         how = "estimated" if ledger.estimate_only else "predicted from measured profiles"
         if _serving(ledger):
             how += ", continuous batching at the workload's arrival rate"
         print(f"\nPareto front{sim}: throughput vs latency, {how}")
-        print(table(rows, ["#", "tp", "batch", "buckets", *(h for _, h in cols), "confirmed"]))
+        print(table(rows, ["#", "tp", "batch", "buckets", *(h for _, h, _ in cols), "confirmed"]))
         if hidden.any():
             print(f"({int(hidden.sum())} more row(s) of the same tp and batch within {NEAR_DUPLICATE:.0%} on both "
                   f"objectives, with more buckets, are in pareto.csv, marked collapsed_into)")

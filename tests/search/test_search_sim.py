@@ -1,5 +1,6 @@
 """The search end to end on the simulated runner (fast, no accelerator)."""
 import json
+import re
 import subprocess
 import sys
 
@@ -107,6 +108,23 @@ def test_a_store_damaged_before_its_end_is_refused(tmp_path, ray_local, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert "study.journal, line 4" in err and "--fresh" in err
+
+
+def test_the_printed_front_reads_rates_as_numbers_and_latencies_in_seconds(tmp_path, ray_local, capsys):
+    """The front's table: tok/s columns are the rates themselves (a name ending in _s is not a latency)."""
+    from search.cmd_run import print_front
+
+    res = _run(write_space(tmp_path), tmp_path, name="p", trials=20, confirm=False)
+    capsys.readouterr()
+    print_front(res)
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("#  "))
+    cols = re.split(r"\s{2,}", lines[head].strip())  # cells hold single spaces ("4.66 ms"), columns two or more
+    first = dict(zip(cols, re.split(r"\s{2,}", lines[head + 2].strip())))
+    top = res.front.iloc[0]
+    assert [float(first["tok/s"]), float(first["tok/s/chip"])] == pytest.approx(
+        [top["throughput_tok_s"], top["throughput_tok_s_per_chip"]], rel=0.01)
+    assert all(re.fullmatch(r"[\d.]+ m?s", first[c]) for c in ("TTFT p50", "TPOT p50", "E2E p90")), first
 
 
 def test_confirm_reads_the_front_from_the_ledger(tmp_path, ray_local, capsys):
