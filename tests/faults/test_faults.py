@@ -70,7 +70,7 @@ def test_worker_killed_mid_task_is_retried(tmp_path, ray_session, fault):
     fault.fault = "Ray worker SIGKILLed mid-task"
     # (the delay is slept per runner call: a unit's task makes about seven -- its probes, the row cost's workload,
     # the admission measurement's four calls, the context cost's workload)
-    space = sim_space(tmp_path, options="wall_delay_s = 0.85")
+    space = sim_space(tmp_path, options="wall_delay_s = 0.4")
     killed: list[int] = []
 
     def killer():
@@ -189,7 +189,7 @@ def _journal(path: Path) -> list[tuple]:
 
 def test_sigkilled_search_resumes_without_losing_or_repeating(tmp_path, fault):
     fault.fault = "`lensopt run` SIGKILLed mid-search"
-    space = sim_space(tmp_path, options="wall_delay_s = 0.5")
+    space = sim_space(tmp_path, options="wall_delay_s = 0.2")
     cache, res = tmp_path / "cache.sqlite", tmp_path / "res"
     args = [str(space), "--cache", str(cache), "--results", str(res), "--name", "k", "--trials", "60", "--no-confirm"]
     journal = res / "k" / "study.journal"
@@ -240,7 +240,7 @@ def test_sigkilled_search_resumes_without_losing_or_repeating(tmp_path, fault):
 # -- 4. two `lensopt run` at once on one cache file ------------------------------------------
 def test_two_searches_share_one_cache_and_profile_each_unit_once(tmp_path, fault):
     fault.fault = "two `lensopt run` on one cache"
-    space = sim_space(tmp_path, options="wall_delay_s = 1.3")
+    space = sim_space(tmp_path, options="wall_delay_s = 0.5")
     cache = tmp_path / "shared.sqlite"
     procs = [cli_run(str(space), "--cache", str(cache), "--results", str(tmp_path / "res"), "--name", f"p{i}",
                      "--trials", "20", "--no-confirm", "--profile-all") for i in (0, 1)]

@@ -191,7 +191,8 @@ def cluster(tmp_path, ray_head):
 
 def test_profiling_tasks_land_only_on_nodes_with_the_resources(tmp_path, cluster):
     addr, nodes, env = cluster
-    space = write_space(tmp_path, options="wall_delay_s = 0.7",
+    # the delay is slept per runner call, about seven per unit: some two units' tasks overlap
+    space = write_space(tmp_path, options="wall_delay_s = 0.3",
                         extra='[hosts]\nresources = { fake_acc = "tp" }\n').read_text()
     space = space.replace("tp = [1, 2]", "tp = [1, 2, 4]").replace("heads = 16\nkv_heads = 8", "heads = 16\nkv_heads = 4")
     (tmp_path / "space.toml").write_text(space)
