@@ -354,7 +354,8 @@ class UnitProfiler:
                 self._note_spread(unit, m.profiles, m.noisy)
                 sim = " simulated" if m.simulated else ""
                 noisy = f"; NOISY: {'; '.join(m.noisy.values())}" if m.noisy else ""
-                self.log(f"  unit tp={unit[0]} batch={unit[1]}: {len(m.profiles)} buckets measured on {m.host}, "
+                self.log(f"  unit tp={unit[0]} batch={unit[1]}: {len(m.profiles)} bucket"
+                         f"{'' if len(m.profiles) == 1 else 's'} measured on {m.host}, "
                          f"{m.hardware_s:.1f}{sim} hardware-s (compile {m.compile_s:.1f} s){noisy}")
             shown.update(1)
         shown.close()
