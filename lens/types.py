@@ -71,6 +71,11 @@ class Scheduler:
         if self.prefill_priority not in PRIORITIES:
             raise UserError(f"prefill_priority = {self.prefill_priority!r}: use one of {', '.join(PRIORITIES)}")
 
+    def __str__(self) -> str:
+        """As the space file's [target.scheduler] reads: ``max_prefills 0 (no cap), prefill_priority prefill``."""
+        cap = " (no cap)" if self.max_prefills == 0 else ""
+        return f"max_prefills {self.max_prefills}{cap}, prefill_priority {self.prefill_priority}"
+
 
 @dataclass(frozen=True)
 class Target:

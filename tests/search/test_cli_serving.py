@@ -49,6 +49,7 @@ def test_predict_continuous_at_a_request_rate(profiled, capsys):
                          "--goodput", "ttft:200", "e2el:5000", "--cache", str(cache), "--json"])
     s = out["summary"]
     assert out["arrivals"] == "poisson" and out["request_rate"] == 3.0 and out["mode"] == "continuous"
+    assert out["scheduler"] == "max_prefills 0 (no cap), prefill_priority prefill"  # the defaults, as a reader reads them
     assert len(out["arrival_s"]) == len(out["ttft_s"]) == 40 and out["arrival_s"][0] == 0.0
     assert 0 < s["request_goodput_req_s"] <= s["request_throughput_req_s"]
     assert s["offered_rate_req_s"] == pytest.approx(3.0, rel=0.4)
