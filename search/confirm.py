@@ -1,8 +1,8 @@
 """Confirmation: front candidates run end to end on the hardware, predicted vs measured.
 
-The picks are spread along the front (both ends included; near-duplicate points left out),
-one of them traded for the least certain prediction near the knee
-(``selection.confirm_pick``); each runs the whole workload sample ``budget.confirm_repeats``
+The picks are the chosen configuration (the knee), from three picks up the least certain
+prediction near it, and points spread along the front for the rest (near-duplicate points
+left out; ``selection.confirm_pick``); each runs the whole workload sample ``budget.confirm_repeats``
 times as one Ray task (under continuous serving, released at the same arrival times as
 predicted), after a warm-up run that compiles its graphs (all count as hardware seconds),
 and is judged on each request's median over the passes: on a shared host one pass

@@ -184,15 +184,25 @@ def least_certain_near_knee(front: Sequence[Evaluation], space: Space) -> int | 
 
 
 def confirm_pick(front: Sequence[Evaluation], k: int, space: Space) -> list[int]:
-    """Positions of the ``k`` front points to confirm: spread along the front (both ends), one of
-    them traded, from three picks up, for the least certain prediction near the knee."""
-    picks = spread_pick(len(front), k)
-    doubt = least_certain_near_knee(front, space)
-    if doubt is None or doubt in picks or len(picks) < 3:
-        return picks
-    inner = picks[1:-1]  # the ends stay: they bound the front
-    swap = min(inner, key=lambda i: (abs(i - doubt), i))
-    return sorted(set(picks) - {swap} | {doubt})
+    """Positions of the ``k`` front points to confirm, in front order.
+
+    The knee first: it is the chosen configuration (``deploy/`` holds it), and what is deployed
+    is what most needs checking. From three picks up, the least certain prediction near the
+    knee (it may be the better point, the profiles cannot tell). The rest are spread along the
+    front: the ends (they bound it; the higher-throughput end first), then each time the point
+    farthest from those picked.
+    """
+    n = len(front)
+    if k >= n:
+        return list(range(n))
+    doubt = least_certain_near_knee(front, space) if k >= 3 else None
+    picks: list[int] = []
+    for i in (front.index(knee(front, space)), doubt, n - 1, 0):
+        if i is not None and i not in picks and len(picks) < k:
+            picks.append(i)
+    while len(picks) < k:
+        picks.append(max((i for i in range(n) if i not in picks), key=lambda i: (min(abs(i - j) for j in picks), i)))
+    return sorted(picks[:k])
 
 
 def anchor_unit(space: SearchSpace, infeasible: Callable[[int, int], str | None]) -> Unit | None:

@@ -160,17 +160,25 @@ def test_front_points_whose_intervals_overlap_a_better_ones_are_marked():
     assert may_be_dominated_by([ev(1, 1, 10, 1), ev(1, 2, 20.4, 2.04)], sp) == [[], []]
 
 
-def test_confirmation_trades_a_middle_pick_for_the_least_certain_point_near_the_knee():
+def test_confirmation_runs_the_chosen_point_and_the_least_certain_near_it():
     sp = space()
     front = [evb(b, t, l, r) for b, t, l, r in
-             [(1, 10, 1, 0.01), (2, 30, 1.2, 0.01), (4, 38, 1.5, 0.20), (8, 40, 3, 0.01), (16, 41, 6, 0.01)]]
-    k = front.index(knee(front, sp))
-    doubt = least_certain_near_knee(front, sp)
-    assert doubt == 2 and abs(doubt - k) <= 2
-    assert spread_pick(5, 3) == [0, 2, 4]
-    picks = confirm_pick(front, 3, sp)
-    assert picks[0] == 0 and picks[-1] == 4 and doubt in picks and len(picks) == 3
-    # it already is a spread pick, or too few picks to trade one: the spread pick stands
-    front[2] = evb(4, 38, 1.5, 0.01)
+             [(1, 10, 1, 0.01), (2, 30, 1.2, 0.01), (4, 38, 1.5, 0.01), (8, 40, 3, 0.01), (16, 41, 6, 0.01)]]
+    chosen = front.index(knee(front, sp))
+    assert chosen == 2
+    # the chosen point alone, then the ends (the farthest from what is picked; the throughput end on a tie)
+    assert confirm_pick(front, 1, sp) == [2]
+    assert confirm_pick(front, 2, sp) == [2, 4] and confirm_pick(front, 3, sp) == [0, 2, 4]
+    assert confirm_pick(front, 9, sp) == [0, 1, 2, 3, 4]
+    # a point near the knee known to +-20% joins from three picks up: it may be the better deployment
     front[1] = evb(2, 30, 1.2, 0.20)
-    assert confirm_pick(front, 3, sp) == [0, 1, 4] and confirm_pick(front, 2, sp) == [0, 4]
+    assert least_certain_near_knee(front, sp) == 1
+    assert confirm_pick(front, 2, sp) == [2, 4] and confirm_pick(front, 3, sp) == [1, 2, 4]
+    assert confirm_pick(front, 4, sp) == [0, 1, 2, 4]
+    # a front as `make demo` printed it (tok/s/chip, E2E p90 in s, +-): the knee, batch 4, is the chosen
+    # point; the least certain near it, batch 2, joins it instead of taking its place
+    demo = [evb(b, t, l, r) for b, t, l, r in
+            [(1, 703.7, 0.458, 0.017), (2, 765.2, 0.727, 0.032), (4, 901.9, 1.088, 0.018), (8, 946.1, 1.919, 0.012)]]
+    assert knee(demo, sp) is demo[2] and least_certain_near_knee(demo, sp) == 1
+    assert confirm_pick(demo, 1, sp) == [2] and confirm_pick(demo, 2, sp) == [2, 3]
+    assert confirm_pick(demo, 3, sp) == [1, 2, 3]
