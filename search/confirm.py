@@ -199,6 +199,21 @@ def _mape(predicted_e2e: np.ndarray, measured_e2e: np.ndarray) -> float:
     return float((np.abs(predicted_e2e - measured_e2e) / measured_e2e).mean() * 100)
 
 
+def repredicted(space: Space, requests: Requests, measured: Mapping[tuple[int, int], Mapping[int, BucketProfile]],
+                c: Candidate, fresh: Mapping[int, BucketProfile]) -> Evaluation:
+    """``c`` predicted again with ``fresh`` profiles of its buckets over its unit's cached ones.
+
+    Every measured unit is known, as the search knew them: another unit measured at the largest
+    bucket is what shows this one's KV cache fits it (``Evaluator.fits_memory``), so that a bucket
+    the workload never runs in is not asked for.
+    """
+    ev = Evaluator(space, requests)
+    for unit, profs in measured.items():
+        ev.set_measured(unit, profs)
+    ev.set_measured((c.tp, c.batch), {**measured.get((c.tp, c.batch), {}), **fresh})
+    return ev.evaluate(c, with_prediction=True)
+
+
 def _drift_fields(dr: DriftOutcome | None, ev: Evaluation, space: Space, requests: Requests,
                   profiles: Mapping[tuple[int, int], Mapping[int, BucketProfile]], metrics: Sequence[str],
                   measured_e2e: np.ndarray, continuous: bool) -> dict[str, Any]:
@@ -209,9 +224,7 @@ def _drift_fields(dr: DriftOutcome | None, ev: Evaluation, space: Space, request
     out: dict[str, Any] = {"host_drift": dr.drift.value, "host_drift_err": dr.drift.err, "drift_action": dr.action,
                            "drift_note": dr.note}
     if dr.action == REPROFILED:  # the candidate predicted again from the buckets just measured
-        fresh = Evaluator(space, requests)
-        fresh.set_measured((c.tp, c.batch), {**profiles.get((c.tp, c.batch), {}), **dr.profiles})
-        again = fresh.evaluate(c, with_prediction=True)
+        again = repredicted(space, requests, profiles, c, dr.profiles)
         if again.prediction is not None:
             out["reprofiled"] = {m: again.metrics[m] for m in metrics}
             out["e2e_request_mape_corrected_pct"] = _mape(again.prediction.e2e_s, measured_e2e)

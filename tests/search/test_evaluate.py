@@ -1,9 +1,11 @@
-"""The evaluator's feasibility rules on hand-made candidates (no profiles needed)."""
+"""The evaluator's feasibility rules on hand-made candidates and profiles."""
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from lens.types import Candidate, ModelShape, Requests, Target
+from lens.types import BucketProfile, Candidate, ModelShape, Requests, Target
+from search.confirm import repredicted
 from search.evaluate import Evaluator
 from search.prior import memory_gib
 from spaces import Hosts, SearchSpace, Space
@@ -31,3 +33,26 @@ def test_memory_pruning_counts_the_context_encoding_buckets():
         why = ev.infeasible_reason(c)
         assert why is not None and "GiB per chip" in why, (c, why)
     assert ev.infeasible_reason(narrow) is None
+
+
+def _bp(bucket: int, ttft_s: float, tbt_s: float) -> BucketProfile:
+    return BucketProfile(bucket=bucket, ttft_s=ttft_s, tbt_s=tbt_s, input_len=1, l1=2, l2=64, t1_s=0.0, t2_s=0.0,
+                         repeats=3, spread=0.0)
+
+
+def test_a_confirmation_predicts_again_knowing_every_measured_unit():
+    """A confirmation judged on buckets profiled side by side predicts the candidate again: it must know, as
+    the search did, that a unit measured at the largest bucket shows the KV cache fits it, or it asks for a
+    bucket the workload never runs in and gives no prediction."""
+    sp = Space(path=Path("s.toml"), sha256="", target=space(1.0).target,
+               search=SearchSpace(tp=(1,), batch=(8, 16), buckets=(256, 4096), tie_buckets=False), hosts=Hosts())
+    reqs = Requests(np.asarray([10, 100]), np.asarray([5, 20]))
+    c = Candidate(1, 8, ctx_buckets=(256, 4096), tkg_buckets=(256, 4096))
+    measured = {(1, 8): {256: _bp(256, 0.010, 0.002)}, (1, 16): {4096: _bp(4096, 0.2, 0.01)}}
+    fresh = {256: _bp(256, 0.012, 0.0024)}  # the host 20% slower now
+    again = repredicted(sp, reqs, measured, c, fresh)
+    assert again.prediction is not None and again.infeasible is None
+    before = repredicted(sp, reqs, measured, c, {})
+    assert again.metrics["e2e_p90_s"] == pytest.approx(1.2 * before.metrics["e2e_p90_s"], rel=1e-6)
+    # without the batch-16 unit nothing shows that 4096 fits, and nothing predicts the candidate
+    assert repredicted(sp, reqs, {(1, 8): measured[(1, 8)]}, c, fresh).prediction is None
