@@ -24,17 +24,19 @@ reasons are at ``ESTIMATOR``.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
-#: one estimator: per-probe arrays (draws, repeats) and each probe's class (probes of one class make
-#: as many graph calls) -> (expected times (draws, probes), excess (draws,))
-Estimator = Callable[[Sequence[np.ndarray], Sequence[int]], tuple[np.ndarray, np.ndarray]]
+#: one estimator: per-probe arrays (draws, repeats), each probe's class (probes of one class make
+#: as many graph calls) and the classes whose excess counts (None: every class; ``counted_classes``)
+#: -> (expected times (draws, probes), excess (draws,))
+Estimator = Callable[[Sequence[np.ndarray], Sequence[int], "Collection[int] | None"], tuple[np.ndarray, np.ndarray]]
 
 
 def _per_probe(f: Callable[[np.ndarray], np.ndarray]) -> Estimator:
-    def est(xs: Sequence[np.ndarray], classes: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+    def est(xs: Sequence[np.ndarray], classes: Sequence[int] = (),
+            counted: Collection[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         out = np.stack([f(x) for x in xs], axis=1)
         return out, np.zeros(out.shape[0])
 
@@ -56,7 +58,8 @@ def _pooled_excess(center: Callable[[np.ndarray], np.ndarray]) -> Estimator:
     from dozens of runs instead of the few repeats of one probe, and adding it back counts
     the expected cost of slow calls in TTFT_b and TBT_b instead of hiding it.
     """
-    def est(xs: Sequence[np.ndarray], classes: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+    def est(xs: Sequence[np.ndarray], classes: Sequence[int] = (),
+            counted: Collection[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         c = np.stack([center(x) for x in xs], axis=1)  # (draws, probes)
         over = sum((x - c[:, [i]]).sum(axis=1) for i, x in enumerate(xs))
         base = sum(c[:, i] * x.shape[1] for i, x in enumerate(xs))
@@ -76,9 +79,11 @@ def _class_excess(center: Callable[[np.ndarray], np.ndarray]) -> Estimator:
     median is one number per class. Estimated from every run of the class (a dozen or more
     instead of a probe's three), it counts the expected cost of slow calls -- the mean's
     value -- without the mean's noise: a straggler in one of three short runs moves the
-    class's excess a little, not the probe's time by a third of it.
+    class's excess a little, not the probe's time by a third of it. A class outside
+    ``counted`` (an excess that rests on one run: ``counted_classes``) keeps its medians.
     """
-    def est(xs: Sequence[np.ndarray], classes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def est(xs: Sequence[np.ndarray], classes: Sequence[int],
+            counted: Collection[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         med = np.stack([center(x) for x in xs], axis=1)  # (draws, probes)
         out = np.empty_like(med)
         total_over = np.zeros(med.shape[0])
@@ -86,8 +91,9 @@ def _class_excess(center: Callable[[np.ndarray], np.ndarray]) -> Estimator:
         cls = list(classes) or list(range(len(xs)))
         for k in set(cls):
             idx = [i for i, c in enumerate(cls) if c == k]
-            over = sum((xs[i] - med[:, [i]]).sum(axis=1) for i in idx)
             base = sum(med[:, i] * xs[i].shape[1] for i in idx)
+            over = sum((xs[i] - med[:, [i]]).sum(axis=1) for i in idx) if counted is None or k in counted \
+                else np.zeros_like(base)
             rho = over / base
             out[:, idx] = med[:, idx] * (1.0 + rho[:, None])
             total_over += over
@@ -129,11 +135,39 @@ SEED = 20240611
 
 
 def expected_times(times: Sequence[Sequence[float]], *, classes: Sequence[int] = (),
-                   estimator: str = ESTIMATOR) -> tuple[np.ndarray, float]:
+                   estimator: str = ESTIMATOR, counted: Collection[int] | None = None) -> tuple[np.ndarray, float]:
     """The expected time of each probe (one list of repeats each) of a unit, and the unit's excess."""
     xs = [np.asarray(t, dtype=float)[None, :] for t in times]
-    out, rho = ESTIMATORS[estimator](xs, classes)
+    out, rho = ESTIMATORS[estimator](xs, classes, counted)
     return out[0], float(rho[0])
+
+
+#: a run is slow when it is this many robust standard deviations (1.4826 x the median absolute deviation
+#: of its class's runs from their probes' medians) above its probe's median, and at least SLOW_FLOOR
+SLOW_SIGMAS = 5.0
+SLOW_FLOOR = 1e-3
+
+
+def counted_classes(times: Sequence[Sequence[float]], classes: Sequence[int]) -> frozenset[int]:
+    """The classes whose excess of the mean over the median counts: two of their runs or more are slow.
+
+    A single slow run among a class's dozens is left out of the estimate: its excess is all
+    noise (most resamples of the runs lose it or double it), and the excess is a share of
+    the time of every probe of the class. On a device whose prefill is one graph call, one
+    straggling call among 30 short runs lifted a class by 19%, which the slopes TBT_b =
+    (T2 - T1)/(L2 - L1) then paid for at every bucket (-8% to -38%). The median keeps its
+    part of such a run. Slow runs that recur -- a straggler that comes back, a busy core --
+    are counted, as is the cost they add.
+    """
+    cls = list(classes) or list(range(len(times)))
+    out = set()
+    for k in set(cls):
+        rel = np.concatenate([np.asarray(times[i], float) / np.median(times[i]) - 1.0
+                              for i, c in enumerate(cls) if c == k])
+        sigma = 1.4826 * np.median(np.abs(rel))
+        if np.count_nonzero(rel > max(SLOW_SIGMAS * sigma, SLOW_FLOOR)) >= 2:
+            out.add(k)
+    return frozenset(out)
 
 
 def resample(times: Sequence[Sequence[float]], *, draws: int = DRAWS, seed: int = SEED) -> list[np.ndarray]:
@@ -147,9 +181,9 @@ def resample(times: Sequence[Sequence[float]], *, draws: int = DRAWS, seed: int 
 
 
 def bootstrap_times(times: Sequence[Sequence[float]], *, classes: Sequence[int] = (), estimator: str = ESTIMATOR,
-                    draws: int = DRAWS, seed: int = SEED) -> np.ndarray:
+                    draws: int = DRAWS, seed: int = SEED, counted: Collection[int] | None = None) -> np.ndarray:
     """Expected times of the probes under ``draws`` resamples of the repeats: (draws, probes)."""
-    return ESTIMATORS[estimator](resample(times, draws=draws, seed=seed), classes)[0]
+    return ESTIMATORS[estimator](resample(times, draws=draws, seed=seed), classes, counted)[0]
 
 
 def spread(values: np.ndarray, axis: int = 0) -> np.ndarray:

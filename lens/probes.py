@@ -29,7 +29,7 @@ import numpy as np
 
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .errors import RunnerError, UserError
-from .noise import DRAWS, ESTIMATOR, bootstrap_times, expected_times, spread
+from .noise import DRAWS, ESTIMATOR, bootstrap_times, counted_classes, expected_times, spread
 from .types import PREFILLS, BucketProfile, Probe, ProbeRun
 
 
@@ -179,8 +179,10 @@ def fit(runs: Sequence[ProbeRun], *, batch: int, prefill: str = PREFILLS[0], est
     flat = [r for pair in pairs.values() for r in pair]
     times = [r.times_s for r in flat]
     classes = [r.probe.output_len for r in flat]  # probes of one output length make as many graph calls
-    point, rho = expected_times(times, classes=classes, estimator=estimator)
-    boot = bootstrap_times(times, classes=classes, estimator=estimator, draws=draws)
+    # which classes' excess counts is decided once, on the runs as they are, and held in every resample
+    counted = counted_classes(times, classes)
+    point, rho = expected_times(times, classes=classes, estimator=estimator, counted=counted)
+    boot = bootstrap_times(times, classes=classes, estimator=estimator, draws=draws, counted=counted)
     out = {}
     for i, (bucket, (r1, r2)) in enumerate(pairs.items()):
         kw = dict(l1=r1.probe.output_len, l2=r2.probe.output_len, calls=calls)

@@ -8,7 +8,7 @@ import pytest
 
 from lens.compose import UnitTable, predict
 from lens.drift import REFERENCE_REPEATS, corrected, host_drift, reference_probe
-from lens.noise import ESTIMATOR, ESTIMATORS, bootstrap_times, expected_times, median_se, spread
+from lens.noise import ESTIMATOR, ESTIMATORS, bootstrap_times, counted_classes, expected_times, median_se, spread
 from lens.types import BucketProfile, Candidate, Requests
 
 
@@ -30,6 +30,32 @@ def test_the_chosen_estimator_counts_a_slow_call_in_its_whole_class():
     assert out[2] < mean[2] and all(out[i] > mean[i] for i in (0, 1, 3, 4, 5))
     assert out[6] == pytest.approx(10.0)  # another class: untouched
     assert 0 < excess < 0.1
+
+
+def test_an_excess_that_rests_on_one_run_is_not_counted():
+    """A class's excess counts only when more than one of its runs shows it (lens.noise.counted_classes):
+    one straggler among 30 runs is noise in the estimate of every probe of its class."""
+    rng = np.random.default_rng(3)
+    jitter = lambda n: list(1 + 0.003 * rng.standard_normal(n))  # noqa: E731
+    short = [[k * j for j in jitter(10)] for k in (0.4, 1.5, 3.1)]  # one class: 30 runs
+    long = [[k * j for j in jitter(10)] for k in (1.4, 2.6, 4.6)]
+    one = [list(t) for t in short]
+    one[2][4] *= 4.0  # one straggling run: not counted, the medians stand
+    times, classes = one + long, [2] * 3 + [128] * 3
+    assert counted_classes(times, classes) == frozenset()
+    out, excess = expected_times(times, classes=classes, counted=counted_classes(times, classes))
+    assert out[:3] == pytest.approx([np.median(t) for t in one]) and excess == 0.0
+    # counted without the gate, it lifts every probe of the class by a fifth
+    ungated, _ = expected_times(times, classes=classes)
+    assert ungated[0] > 1.15 * np.median(one[0])
+    # three slow runs of the class (a busy core now and then): counted, the class's mean cost kept whole
+    three = [list(t) for t in short]
+    for i in range(3):
+        three[i][i] *= 1.5
+    times = three + long
+    assert counted_classes(times, classes) == frozenset({2})
+    out, _ = expected_times(times, classes=classes, counted=counted_classes(times, classes))
+    assert out[:3].sum() == pytest.approx(sum(np.mean(t) for t in three), rel=1e-9)
 
 
 def test_bootstrap_is_reproducible_and_its_spread_is_a_standard_deviation():
