@@ -31,7 +31,7 @@ import numpy as np
 #: one estimator: per-probe arrays (draws, repeats), each probe's class (probes of one class make
 #: as many graph calls) and the classes whose excess counts (None: every class; ``counted_classes``)
 #: -> (expected times (draws, probes), excess (draws,))
-Estimator = Callable[[Sequence[np.ndarray], Sequence[int], "Collection[int] | None"], tuple[np.ndarray, np.ndarray]]
+Estimator = Callable[[Sequence[np.ndarray], Sequence[int], Collection[int] | None], tuple[np.ndarray, np.ndarray]]
 
 
 def _per_probe(f: Callable[[np.ndarray], np.ndarray]) -> Estimator:

@@ -202,7 +202,7 @@ def confirm_pick(front: Sequence[Evaluation], k: int, space: Space) -> list[int]
             picks.append(i)
     while len(picks) < k:
         picks.append(max((i for i in range(n) if i not in picks), key=lambda i: (min(abs(i - j) for j in picks), i)))
-    return sorted(picks[:k])
+    return sorted(picks)
 
 
 def anchor_unit(space: SearchSpace, infeasible: Callable[[int, int], str | None]) -> Unit | None:
