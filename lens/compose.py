@@ -18,7 +18,10 @@ Then the batch decodes:
   token-generation bucket is the one of the longest context among the requests still
   generating; finished requests ride along as padding until the longest output ends. The
   host's work per live row (``UnitTable.row_s``, ``lens.rows``) is not done for them: a
-  step with r rows still generating costs TBT_b - (B - r) row_s.
+  step with r rows still generating costs TBT_b - (B - r) row_s. On a paged decode kernel
+  (``UnitTable.kv_token_s`` > 0, ``lens.context_cost``) a step costs TBT_b less what the
+  probes' rows read, plus what the batch's requests read at their own contexts (a finished
+  one's riding along too).
 - ``ragged`` (TPU ragged paged attention): each request walks its own buckets and pays
   TBT_b / B per step, summed over the requests still generating.
 """
@@ -32,7 +35,7 @@ import numpy as np
 
 from .admission import unit_admission
 from .buckets import bucket_ranges, select_index, validate_buckets
-from .context_cost import reference_context, unit_context_cost
+from .context_cost import host_row_s, reference_context, unit_context_cost, unread_tbt_s
 from .errors import MissingProfiles, UserError
 from .rows import unit_row_s
 from .types import BATCHING, PREFILLS, BucketProfile, Candidate, Requests
@@ -65,7 +68,7 @@ class UnitTable:
     #: admits, and to each further one in the pass (continuous serving only)
     admit_first_s: float = 0.0
     admit_next_s: float = 0.0
-    #: seconds per KV token a decode step reads (``lens.context_cost``; continuous serving only), the probes' mean
+    #: seconds per KV token a decode step reads (``lens.context_cost``; static and continuous), the probes' mean
     #: row context behind each TBT_b, and the mean context of the row cost's measured row
     kv_token_s: float = 0.0
     tkg_ref: np.ndarray | None = None
@@ -249,14 +252,27 @@ def _static_decode(table: UnitTable, lin: np.ndarray, lout: np.ndarray) -> tuple
     """
     order = np.argsort(lout, axis=1, kind="stable")
     o = np.take_along_axis(lout, order, axis=1)
-    m = np.take_along_axis(lin, order, axis=1)
-    m = np.maximum.accumulate(m[:, ::-1], axis=1)[:, ::-1]  # suffix max
+    own = np.take_along_axis(lin, order, axis=1)
+    m = np.maximum.accumulate(own[:, ::-1], axis=1)[:, ::-1]  # suffix max
     prev = np.concatenate([np.ones((o.shape[0], 1), np.int64), o[:, :-1]], axis=1)
+    kv = table.kv_token_s if table.tkg_ref is not None else 0.0
+    if kv > 0.0:  # a paged kernel: TBT_b less the probes' reads, then what the live rows read (lens.context_cost)
+        step_s, row_s = unread_tbt_s(table.tbt_s, table.tkg_ref, table.batch, kv), \
+            host_row_s(table.row_s, kv, table.row_context)
+    else:
+        step_s, row_s = table.tbt_s, table.row_s
     # segment j covers steps t in (prev_j - 1, o_j - 1]: contexts (M_j + prev_j - 1, M_j + o_j - 1]
-    seg = table.cum(m + o - 1) - table.cum(m + prev - 1)
-    if table.row_s > 0.0:  # segment j has the j rows of shorter output (padding included) no longer live
-        seg = seg - table.row_s * np.arange(o.shape[1]) * (o - prev)
+    seg = table.cum(m + o - 1, step_s) - table.cum(m + prev - 1, step_s)
+    if row_s > 0.0:  # segment j has the j rows of shorter output (padding included) no longer live
+        seg = seg - row_s * np.arange(o.shape[1]) * (o - prev)
     sorted_dec = np.cumsum(seg, axis=1)
+    if kv > 0.0:
+        # finished rows ride along, their context growing as padding: by row j's last step s = o_j - 1 every
+        # request's row has read l + 1 .. l + s (the short last batch's padding rows hold no context)
+        s = o - 1
+        held = own > 0
+        sorted_dec = sorted_dec + kv * (s * (own * held).sum(axis=1, keepdims=True)
+                                        + held.sum(axis=1, keepdims=True) * s * (s + 1) // 2)
     slots = table.cum(m + o - 1, table.tkg_buckets) - table.cum(m + prev - 1, table.tkg_buckets)
     dec = np.empty_like(sorted_dec)
     np.put_along_axis(dec, order, sorted_dec, axis=1)

@@ -19,8 +19,9 @@ that is, ``TBT_b`` less what the probe's B rows cost at their mean context ``ref
 (``reference_context``), plus what the live rows cost at theirs; ``h`` is the host's
 per-row work (``lens.rows``), which is measured at a short context and so holds that row's
 reads too: ``host_row_s`` takes them out. With ``kv_token_s = 0`` this is the row cost's
-TBT_b - (B - r) row_s. ``lens.serving`` composes it; static predictions use TBT_b as the
-LENS paper does.
+TBT_b - (B - r) row_s. ``lens.serving`` composes it under continuous batching, and
+``lens.compose`` for static batches, whose rows also hold contexts the probes did not
+(short prompts in a wide bucket; rows that have finished).
 
 The measurement, in the measured token-generation bucket with the widest window (``pick``):
 ``PAIRS`` pairs of two full batches of ``STEPS + 1``-token requests, one at the shortest

@@ -19,9 +19,11 @@ def prof(b, ttft, tbt):
 PROFILES = {4: prof(4, 1.0, 0.1), 8: prof(8, 2.0, 0.2), 16: prof(16, 4.0, 0.4)}
 
 
-def table(batch=1, policy="exclusive", buckets=BUCKETS, tkg=None, prefill="sequential", row_s=0.0):
+def table(batch=1, policy="exclusive", buckets=BUCKETS, tkg=None, prefill="sequential", row_s=0.0, kv=0.0,
+          row_context=0.0):
     cand = Candidate(tp=1, batch=batch, ctx_buckets=buckets, tkg_buckets=tkg or buckets)
-    profiles = {b: dataclasses.replace(p, row_s=row_s) for b, p in PROFILES.items()}
+    profiles = {b: dataclasses.replace(p, row_s=row_s, kv_token_s=kv, row_context=row_context)
+                for b, p in PROFILES.items()}
     return UnitTable.build(cand, profiles, policy=policy, prefill=prefill)
 
 
@@ -203,8 +205,15 @@ def test_missing_profiles_are_reported():
 
 # -- against a step-by-step reference ------------------------------------------------------
 
-def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode, prefill="sequential", row_s=0.0):
-    """Naive step-by-step composition, the definition written as loops (``row_s``: static only)."""
+def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode, prefill="sequential", row_s=0.0, kv=0.0,
+              row_context=0.0):
+    """Naive step-by-step composition, the definition written as loops (``row_s``, ``kv``: static only).
+
+    ``kv``: a paged kernel's seconds per KV token a row holds (lens.context_cost): a step costs TBT_b less
+    the probes' B rows' reads at their mean context, less the host's part of the row cost for each free row,
+    plus what every request of the batch reads at its context (finished ones ride along, growing).
+    """
+    host = max(row_s - kv * row_context, 0.0)
     e2e, ttft = [], []
     for s in range(0, len(lin), batch):
         L, O = lin[s:s + batch], lout[s:s + batch]
@@ -225,7 +234,10 @@ def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode, prefill="se
             active = [i for i in range(len(L)) if O[i] - 1 >= step]
             if mode == "static":
                 c = max(L[i] + step for i in active)
-                t += tbl_profiles[select(c, buckets, policy)].tbt_s - (batch - len(active)) * row_s
+                p = tbl_profiles[select(c, buckets, policy)]
+                probes_read = batch * kv * (p.input_len + (p.l1 + p.l2 - 1) / 2)
+                # every request of the batch reads its KV, a finished one riding along as padding
+                t += p.tbt_s - probes_read - (batch - len(active)) * host + kv * sum(l + step for l in L)
             else:
                 t += sum(tbl_profiles[select(L[i] + step, buckets, policy)].tbt_s for i in active) / batch
             for i in active:
@@ -242,15 +254,19 @@ def reference(tbl_profiles, buckets, policy, batch, lin, lout, mode, prefill="se
 @pytest.mark.parametrize("policy", ["exclusive", "inclusive"])
 @pytest.mark.parametrize("batch", [1, 3, 4])
 @pytest.mark.parametrize("row_s", [0.0, 0.01])
-def test_vectorised_matches_step_by_step(mode, policy, batch, prefill, row_s):
+@pytest.mark.parametrize("kv", [0.0, 0.002])
+def test_vectorised_matches_step_by_step(mode, policy, batch, prefill, row_s, kv):
     rng = np.random.default_rng(batch)
     n = 23
     lin = rng.integers(1, 12, n)
     lout = np.array([rng.integers(1, 16 - l + 2) for l in lin])
     lout = np.minimum(lout, 16 - lin + 1)
-    ref_ttft, ref_e2e = reference(PROFILES, BUCKETS, policy, batch, lin.tolist(), lout.tolist(), mode, prefill,
-                                  row_s if mode == "static" else 0.0)
-    p = predict(table(batch=batch, policy=policy, prefill=prefill, row_s=row_s), Requests(lin, lout), mode=mode)
+    static = mode == "static"
+    profiles = {b: dataclasses.replace(p, row_s=row_s, kv_token_s=kv, row_context=3.0) for b, p in PROFILES.items()}
+    ref_ttft, ref_e2e = reference(profiles, BUCKETS, policy, batch, lin.tolist(), lout.tolist(), mode, prefill,
+                                  row_s if static else 0.0, kv if static else 0.0, 3.0)
+    p = predict(table(batch=batch, policy=policy, prefill=prefill, row_s=row_s, kv=kv, row_context=3.0),
+                Requests(lin, lout), mode=mode)  # ragged charges each row its own share: neither applies
     assert p.ttft_s == pytest.approx(ref_ttft)
     assert p.e2e_s == pytest.approx(ref_e2e)
 
