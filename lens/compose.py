@@ -256,7 +256,7 @@ def _static_decode(table: UnitTable, lin: np.ndarray, lout: np.ndarray) -> tuple
     m = np.maximum.accumulate(own[:, ::-1], axis=1)[:, ::-1]  # suffix max
     prev = np.concatenate([np.ones((o.shape[0], 1), np.int64), o[:, :-1]], axis=1)
     kv = table.kv_token_s if table.tkg_ref is not None else 0.0
-    if kv > 0.0:  # a paged kernel: TBT_b less the probes' reads, then what the live rows read (lens.context_cost)
+    if kv > 0.0:  # a paged kernel: TBT_b less the probes' reads, then what the batch's rows read (lens.context_cost)
         step_s, row_s = unread_tbt_s(table.tbt_s, table.tkg_ref, table.batch, kv), \
             host_row_s(table.row_s, kv, table.row_context)
     else:
@@ -270,9 +270,8 @@ def _static_decode(table: UnitTable, lin: np.ndarray, lout: np.ndarray) -> tuple
         # finished rows ride along, their context growing as padding: by row j's last step s = o_j - 1 every
         # request's row has read l + 1 .. l + s (the short last batch's padding rows hold no context)
         s = o - 1
-        held = own > 0
-        sorted_dec = sorted_dec + kv * (s * (own * held).sum(axis=1, keepdims=True)
-                                        + held.sum(axis=1, keepdims=True) * s * (s + 1) // 2)
+        sorted_dec = sorted_dec + kv * (s * own.sum(axis=1, keepdims=True)
+                                        + (own > 0).sum(axis=1, keepdims=True) * s * (s + 1) // 2)
     slots = table.cum(m + o - 1, table.tkg_buckets) - table.cum(m + prev - 1, table.tkg_buckets)
     dec = np.empty_like(sorted_dec)
     np.put_along_axis(dec, order, sorted_dec, axis=1)
