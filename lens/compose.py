@@ -121,6 +121,19 @@ class UnitTable:
             self, ttft_s=np.maximum(self.ttft_s + sigmas * z(self.ttft_err_s, len(self.ttft_s)), 0.0),
             tbt_s=np.maximum(self.tbt_s + sigmas * z(self.tbt_err_s, len(self.tbt_s)), 0.0))
 
+    def decode_costs(self) -> tuple[float, np.ndarray, float]:
+        """What a decode step is composed from: (kv, per-bucket step seconds, host seconds per free row).
+
+        On a paged kernel (``kv_token_s`` > 0, ``lens.context_cost``) a step is TBT_b less the probes'
+        reads, plus ``kv`` per context token each row holds, less the host's part of the row cost per
+        free row; otherwise (kv 0) TBT_b less ``row_s`` per free row.
+        """
+        kv = self.kv_token_s if self.tkg_ref is not None else 0.0
+        if kv > 0.0:
+            return kv, unread_tbt_s(self.tbt_s, self.tkg_ref, self.batch, kv), \
+                host_row_s(self.row_s, kv, self.row_context)
+        return 0.0, self.tbt_s, self.row_s
+
     def cum(self, x: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
         """Sum of ``values`` (default TBT_b) over the integer contexts 1..x, elementwise."""
         v = self.tbt_s if values is None else values
@@ -255,12 +268,7 @@ def _static_decode(table: UnitTable, lin: np.ndarray, lout: np.ndarray) -> tuple
     own = np.take_along_axis(lin, order, axis=1)
     m = np.maximum.accumulate(own[:, ::-1], axis=1)[:, ::-1]  # suffix max
     prev = np.concatenate([np.ones((o.shape[0], 1), np.int64), o[:, :-1]], axis=1)
-    kv = table.kv_token_s if table.tkg_ref is not None else 0.0
-    if kv > 0.0:  # a paged kernel: TBT_b less the probes' reads, then what the batch's rows read (lens.context_cost)
-        step_s, row_s = unread_tbt_s(table.tbt_s, table.tkg_ref, table.batch, kv), \
-            host_row_s(table.row_s, kv, table.row_context)
-    else:
-        step_s, row_s = table.tbt_s, table.row_s
+    kv, step_s, row_s = table.decode_costs()
     # segment j covers steps t in (prev_j - 1, o_j - 1]: contexts (M_j + prev_j - 1, M_j + o_j - 1]
     seg = table.cum(m + o - 1, step_s) - table.cum(m + prev - 1, step_s)
     if row_s > 0.0:  # segment j has the j rows of shorter output (padding included) no longer live

@@ -34,6 +34,14 @@ import numpy as np
 Estimator = Callable[[Sequence[np.ndarray], Sequence[int], Collection[int] | None], tuple[np.ndarray, np.ndarray]]
 
 
+def _classes(classes: Sequence[int], n: int) -> dict[int, list[int]]:
+    """The probes of each class, by position (no classes given: each probe a class of its own)."""
+    out: dict[int, list[int]] = {}
+    for i, k in enumerate(list(classes) or range(n)):
+        out.setdefault(k, []).append(i)
+    return out
+
+
 def _per_probe(f: Callable[[np.ndarray], np.ndarray]) -> Estimator:
     def est(xs: Sequence[np.ndarray], classes: Sequence[int] = (),
             counted: Collection[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -88,9 +96,7 @@ def _class_excess(center: Callable[[np.ndarray], np.ndarray]) -> Estimator:
         out = np.empty_like(med)
         total_over = np.zeros(med.shape[0])
         total_base = np.zeros(med.shape[0])
-        cls = list(classes) or list(range(len(xs)))
-        for k in set(cls):
-            idx = [i for i, c in enumerate(cls) if c == k]
+        for k, idx in _classes(classes, len(xs)).items():
             base = sum(med[:, i] * xs[i].shape[1] for i in idx)
             over = sum((xs[i] - med[:, [i]]).sum(axis=1) for i in idx) if counted is None or k in counted \
                 else np.zeros_like(base)
@@ -159,11 +165,9 @@ def counted_classes(times: Sequence[Sequence[float]], classes: Sequence[int]) ->
     part of such a run. Slow runs that recur -- a straggler that comes back, a busy core --
     are counted, as is the cost they add.
     """
-    cls = list(classes) or list(range(len(times)))
     out = set()
-    for k in set(cls):
-        rel = np.concatenate([np.asarray(times[i], float) / np.median(times[i]) - 1.0
-                              for i, c in enumerate(cls) if c == k])
+    for k, idx in _classes(classes, len(times)).items():
+        rel = np.concatenate([np.asarray(times[i], float) / np.median(times[i]) - 1.0 for i in idx])
         sigma = 1.4826 * np.median(np.abs(rel))
         if np.count_nonzero(rel > max(SLOW_SIGMAS * sigma, SLOW_FLOOR)) >= 2:
             out.add(k)

@@ -29,7 +29,6 @@ import numpy as np
 
 from .buckets import select_index
 from .compose import UnitTable, check_fit
-from .context_cost import host_row_s, unread_tbt_s
 from .errors import UserError
 from .types import Requests, Scheduler
 
@@ -99,12 +98,8 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
     check_fit(requests, table)
     lin, lout = requests.input_len, requests.output_len
     ci = select_index(lin, table.ctx_buckets, table.policy)
-    kv = table.kv_token_s
-    if kv > 0 and table.tkg_ref is not None:  # a paged kernel: a step costs what its live rows read
-        cum = _context_prefix(table, unread_tbt_s(table.tbt_s, table.tkg_ref, table.batch, kv))
-        row_s = host_row_s(table.row_s, kv, table.row_context)
-    else:
-        kv, cum, row_s = 0.0, _context_prefix(table, table.tbt_s), table.row_s
+    kv, step_s, row_s = table.decode_costs()  # on a paged kernel a step costs what its live rows read
+    cum = _context_prefix(table, step_s)
     order = np.argsort(arr, kind="stable")
     start, first, finish, steps, busy, slot_tokens, calls = _event_loop(
         arr[order], lin[order], lout[order], ci[order], table.ttft_s, cum,
