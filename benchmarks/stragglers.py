@@ -25,7 +25,11 @@ stack (real-context attention, KV copies, a host cost per live row measured by
 row that no handling of noise can remove. ``hardware s now`` includes the row-cost
 workload of every unit.
 
-    .venv/bin/python benchmarks/stragglers.py [--quick] [--seeds 8] [--csv out.csv]
+``--estimator NAME`` profiles ``now`` with another of ``lens.noise.ESTIMATORS`` than the
+one lensopt uses (the side-by-side probes keep lensopt's): the comparison on this
+benchmark behind the choice in docs/noise.md.
+
+    .venv/bin/python benchmarks/stragglers.py [--quick] [--seeds 8] [--csv out.csv] [--estimator median]
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.profiling_before import measure_before  # noqa: E402
 from lens import distributions  # noqa: E402
 from lens.compose import UnitTable, predict  # noqa: E402
+from lens.noise import ESTIMATOR, ESTIMATORS  # noqa: E402
 from lens.types import Candidate, ModelShape, Target, Unit  # noqa: E402
 from lens.workload import fit_to  # noqa: E402
 from runners import get_runner  # noqa: E402
@@ -73,7 +78,7 @@ def errors(pred, run) -> dict:
     return {"mean": err.mean(), "p90": np.percentile(err, 90), "thr": (run.total_s / pred.total_s - 1) * 100}
 
 
-def case(device: str, seed: int, batch: int, requests: int) -> dict:
+def case(device: str, seed: int, batch: int, requests: int, estimator: str = ESTIMATOR) -> dict:
     req = fit_to(distributions.sample("sharegpt", 4 * requests, seed=1 + seed), BUCKETS[-1])[0].head(requests)
     cand = Candidate(TP, batch, BUCKETS, BUCKETS)
     row = {"device": device, "seed": seed, "batch": batch, "requests": len(req)}
@@ -88,7 +93,7 @@ def case(device: str, seed: int, batch: int, requests: int) -> dict:
             m = measure_before(runner.target, tp=TP, batch=batch, buckets=BUCKETS, runner=runner)
         else:
             m = measure_unit(runner.target, tp=TP, batch=batch, buckets=BUCKETS, all_buckets=BUCKETS,
-                             profile=ProfileSettings(), runner=runner)
+                             profile=ProfileSettings(), runner=runner, estimator=estimator)
         pred = predict(UnitTable.build(cand, m.profiles, policy="exclusive"), req)
         # as a confirmation runs it: the probes of the buckets it uses side by side with the run
         check = DriftCheck.build(runner.target, cand, req, m.profiles, budget=Budget(), profile=ProfileSettings(),
@@ -121,6 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, help="seeds per device (default 8; --quick 3)")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--csv")
+    ap.add_argument("--estimator", default=ESTIMATOR, choices=sorted(ESTIMATORS),
+                    help=f"estimator of the 'now' profiles (default: lensopt's, {ESTIMATOR})")
     args = ap.parse_args(argv)
     seeds = args.seeds or (3 if args.quick else 8)
     devices = ("trn1",) if args.quick else ("trn1", "inf2")
@@ -129,11 +136,11 @@ def main(argv=None) -> int:
     for device in devices:
         for seed in range(seeds):
             for batch in (16, 32):
-                rows.append(case(device, seed, batch, args.requests))
+                rows.append(case(device, seed, batch, args.requests, args.estimator))
     df = pd.DataFrame(rows)
     pd.set_option("display.width", 250)
     f2 = lambda x: f"{x:.2f}"  # noqa: E731
-    print(__doc__.split("\n\n")[0] + "  (SIMULATED)\n")
+    print(__doc__.split("\n\n")[0] + f"  (SIMULATED; 'now' with estimator {args.estimator})\n")
     cols = ["device", "seed", "batch", "before mean %", "before p90 %", "before thr err %", "now mean %", "now p90 %",
             "now thr err %", "host_drift", "now corrected mean %", "now corrected thr err %", "now excess %",
             "floor mean %", "floor thr err %"]
