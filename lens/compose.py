@@ -37,6 +37,7 @@ from .admission import unit_admission
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .context_cost import host_row_s, reference_context, unit_context_cost, unread_tbt_s
 from .errors import MissingProfiles, UserError
+from .resume import unit_resume
 from .rows import unit_row_s
 from .types import BATCHING, PREFILLS, BucketProfile, Candidate, Requests
 
@@ -73,6 +74,9 @@ class UnitTable:
     kv_token_s: float = 0.0
     tkg_ref: np.ndarray | None = None
     row_context: float = 0.0
+    #: seconds the first decode run after a served admission pass costs beyond its steps (``lens.resume``;
+    #: continuous serving only)
+    resume_s: float = 0.0
 
     @classmethod
     def build(
@@ -112,6 +116,7 @@ class UnitTable:
             kv_token_s=kv,
             tkg_ref=np.asarray([reference_context(profiles[b]) for b in tkg], dtype=np.float64),
             row_context=row_context,
+            resume_s=unit_resume([profiles[b] for b in tkg]),
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":

@@ -12,7 +12,8 @@ first prompt costs TTFT_b + ``admit_first_s`` and each further one TTFT_b + ``ad
 (what the unit's server was measured to cost against its static profile: ``lens.admission``).
 On a unit whose decode kernel reads only the rows' own KV (``kv_token_s`` > 0,
 ``lens.context_cost``) a step costs TBT_b less what the probes' rows read, plus what the
-live rows read at their contexts.
+live rows read at their contexts. The first decode run after a pass that leaves a live row
+costs ``resume_s`` more (what resuming the decode after a prefill costs: ``lens.resume``).
 
 Between two events (an admission, a completion) the live set is fixed and the longest
 context grows by one per step, so a run of k steps costs C(c + k) - C(c) with C the prefix
@@ -106,7 +107,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         _context_prefix(table, table.tkg_buckets.astype(float)),
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
         batched=table.prefill == "batched", row_s=row_s,
-        admit=(table.admit_first_s, table.admit_next_s), kv=kv,
+        admit=(table.admit_first_s, table.admit_next_s), kv=kv, resume=table.resume_s,
     )
     out = [np.empty(n) for _ in range(3)]
     for dst, src in zip(out, (start, first, finish)):
@@ -126,7 +127,8 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
 
 
 def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
-                row_s: float = 0.0, admit: tuple[float, float] = (0.0, 0.0), kv: float = 0.0):
+                row_s: float = 0.0, admit: tuple[float, float] = (0.0, 0.0), kv: float = 0.0,
+                resume: float = 0.0):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
     ``ci``: each request's context-encoding bucket index; ``ttft``: TTFT_b per bucket (one
@@ -134,7 +136,8 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     host's cost per live row of a step, counted in TBT_b, not paid for a free slot; ``admit``: seconds
     added to a pass's first prompt and to each further one (``lens.admission``; a batched pass is one
     call: the first only); ``kv``: seconds per context token of each live row per step (``lens.context_cost``;
-    ``cum`` then holds TBT_b less the probes' reads, and ``row_s`` the host's part of the row cost).
+    ``cum`` then holds TBT_b less the probes' reads, and ``row_s`` the host's part of the row cost); ``resume``:
+    seconds the first decode run after a pass costs beyond its steps (``lens.resume``).
     Returns per-request admission, first-token and last-token times, the number of decode
     steps, the busy seconds, the KV positions the decode steps computed (for padding) and
     the bucket index of every batched prefill call.
@@ -153,6 +156,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     t, g, qi, free, nlive, done = 0.0, 0, 0, batch, 0, 0
     sb = 0  # sum of the live requests' bases: their contexts at global step s sum to sb + nlive s
     busy = slot_tokens = 0.0
+    pending = 0.0  # the resume cost the next decode run pays (a pass has stopped the decode since the last one)
     searchsorted = np.searchsorted
 
     def run_s(c: int, k: int, g: int, free: int, nlive: int, sb: int) -> float:
@@ -200,7 +204,9 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 heapq.heappush(ends, (g + lout_l[i] - 1, i))
                 heapq.heappush(bases, (g - lin_l[i], i))
                 sb += lin_l[i] - g
+            pending = resume  # the decode resumes after this pass (no live row: no decode, and it is dropped below)
         if not nlive:
+            pending = 0.0
             if qi < n and arr_l[qi] > t:
                 t = arr_l[qi]  # idle until the next arrival
             continue
@@ -210,7 +216,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
         c = g - bases[0][0]  # longest live context after g steps (the next step has c + 1)
         k = ends[0][0] - g  # steps until the next completion
         if free and qi < n:  # a free slot: the next admission is an event too
-            wait = arr_l[qi] - t
+            wait = arr_l[qi] - t - pending
             if wait <= _EPS:
                 k = 1
             elif kv:  # the steps' cost grows with their contexts: the fewest steps that reach the arrival
@@ -227,7 +233,8 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 # arrival: the next pass of the loop runs the rest)
                 x = int(searchsorted(cum, cum[c] + wait, side="left"))
                 k = max(1, min(k, x - c))
-        dt = run_s(c, k, g, free, nlive, sb) if kv else float(cum[c + k] - cum[c]) - k * free * row_s
+        dt = (run_s(c, k, g, free, nlive, sb) if kv else float(cum[c + k] - cum[c]) - k * free * row_s) + pending
+        pending = 0.0
         t += dt
         busy += dt
         slot_tokens += float(cum_slots[c + k] - cum_slots[c])

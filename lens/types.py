@@ -262,6 +262,8 @@ class BucketProfile:
     #: and the mean context of a row in the row cost's measurement (``row_s`` holds that row's reads too)
     kv_token_s: float = 0.0
     row_context: float = 0.0
+    #: the unit's seconds a decode run costs after a served admission beyond its steps (lens.resume; 0: none seen)
+    resume_s: float = 0.0
 
     @property
     def rel_err(self) -> float:

@@ -157,12 +157,28 @@ def test_a_pass_charges_its_first_prompt_and_each_further_one_their_own_offsets(
     close(run(2, [3, 3, 3], [2, 2, 2], [0.0, 0.0, 5.0]).first_s, [1.0, 2.0, 6.0])
 
 
+# -- what resuming the decode after a pass costs (lens.resume) ------------------------------------------------
+
+def test_each_pass_that_stops_the_decode_makes_its_next_decode_run_pay_the_resume_cost():
+    # B = 2, resume 0.5. r0 (3 in, 3 out) at 0: prefill 1.0 -> 1.0; the decode resumes: 0.5 + a step (0.1) ->
+    # 1.6. r1 (3 in, 2 out) arrives at 1.55, admitted at 1.6: prefill -> 2.6; the run after it pays 0.5 again:
+    # one step for both (contexts 5 and 4, bucket 8) -> 3.2, r0 (its 2nd step) and r1 (its 1st) end there.
+    p = predict_serving(table(2, resume=0.5), Requests([3, 3], [3, 2], np.array([0.0, 1.55])))
+    close(p.first_s, [1.0, 2.6])
+    close(p.finish_s, [3.2, 3.2])
+    # a one-token request decodes nothing: no resume after its pass
+    close(predict_serving(table(2, resume=0.5), Requests([3], [1], np.zeros(1))).finish_s, [1.0])
+    # none measured: the steps alone (r0 ends at 1.2, before r1 arrives; r1 at 1.55 + 1.0 + 0.1)
+    close(run(2, [3, 3], [3, 2], [0.0, 1.55]).finish_s, [1.2, 2.65])
+
+
 def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", prefill="sequential", row_s=0.0,
-              admit=(0.0, 0.0), kv=0.0, row_context=0.0):
+              admit=(0.0, 0.0), kv=0.0, row_context=0.0, resume=0.0):
     """The machine of docs/serving.md stepped one decode iteration at a time (no jumps); a free slot
     saves ``row_s`` of every step; a pass's first prompt costs ``admit[0]`` more, each further one ``admit[1]``;
     with ``kv`` a step costs TBT less the probes' B rows' reads at context REF, plus each live row's at its own,
-    and a free slot saves only the host's part of ``row_s`` (what is left beyond a row's reads at ``row_context``)."""
+    and a free slot saves only the host's part of ``row_s`` (what is left beyond a row's reads at ``row_context``);
+    the first step after an iteration that prefilled anything costs ``resume`` more."""
     n = len(lin)
     order = sorted(range(n), key=lambda i: (arr[i], i))
     first, finish = [None] * n, [None] * n
@@ -197,6 +213,8 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
             if q < n and arr[order[q]] > t:
                 t = arr[order[q]]
             continue
+        if took or k:
+            t += resume
         longest = max(lin[i] + s + 1 for i, s in slots.items())
         host = max(row_s - kv * row_context, 0.0)
         reads = sum(lin[i] + s + 1 for i, s in slots.items())
@@ -209,11 +227,13 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
     return np.asarray(first), np.asarray(finish)
 
 
-@pytest.mark.parametrize("row_s, admit, kv", [(0.0, (0.0, 0.0), 0.0), (0.02, (0.0, 0.0), 0.0), (0.0, (0.3, -0.1), 0.0),
-                                              (0.02, (0.0, 0.0), 0.003), (0.0, (0.3, -0.1), 0.001)])
+@pytest.mark.parametrize("row_s, admit, kv, resume", [(0.0, (0.0, 0.0), 0.0, 0.0), (0.02, (0.0, 0.0), 0.0, 0.0),
+                                                      (0.0, (0.3, -0.1), 0.0, 0.0), (0.02, (0.0, 0.0), 0.003, 0.0),
+                                                      (0.0, (0.3, -0.1), 0.001, 0.0), (0.0, (0.0, 0.0), 0.0, 0.25),
+                                                      (0.02, (0.3, -0.1), 0.001, 0.07)])
 @pytest.mark.parametrize("prefill", ["sequential", "batched"])
 @pytest.mark.parametrize("seed", range(12))
-def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit, kv):
+def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit, kv, resume):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 40))
     batch = int(rng.integers(1, 5))
@@ -223,11 +243,13 @@ def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit,
     cap = int(rng.integers(0, 3))
     eager = bool(rng.integers(0, 2))
     row_context = 4.0 if kv else 0.0
-    p = predict_serving(table(batch, prefill=prefill, row_s=row_s, admit=admit, kv=kv, row_context=row_context),
+    p = predict_serving(table(batch, prefill=prefill, row_s=row_s, admit=admit, kv=kv, row_context=row_context,
+                              resume=resume),
                         Requests(lin, lout, arr),
                         scheduler=Scheduler(max_prefills=cap, prefill_priority="prefill" if eager else "decode"))
     first, finish = reference(batch, lin.tolist(), lout.tolist(), arr.tolist(), cap=cap, eager=eager,
-                              prefill=prefill, row_s=row_s, admit=admit, kv=kv, row_context=row_context)
+                              prefill=prefill, row_s=row_s, admit=admit, kv=kv, row_context=row_context,
+                              resume=resume)
     np.testing.assert_allclose(p.first_s, first, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(p.finish_s, finish, rtol=1e-9, atol=1e-9)
 
