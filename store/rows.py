@@ -167,6 +167,7 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "accepted": lambda v: _bool(v, text=text),
         "row_s": f, "admit_first_s": off, "admit_next_s": off,
         "kv_token_s": f, "row_context": f,  # seconds per token; tokens (both finite, >= 0)
+        "resume_s": off,  # seconds, of either sign (lens.resume bounds it at minus one step)
     }
 
 
@@ -202,7 +203,7 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "measured_at": p.measured_at, "simulated": p.simulated, "source": p.source,
         "ttft_err_s": p.ttft_err_s, "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
         "row_s": p.row_s, "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
-        "kv_token_s": p.kv_token_s, "row_context": p.row_context,
+        "kv_token_s": p.kv_token_s, "row_context": p.row_context, "resume_s": p.resume_s,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -228,7 +229,7 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         ttft_err_s=float(r["ttft_err_s"]), tbt_err_s=float(r["tbt_err_s"]), excess=float(r["excess"]),
         accepted=bool(r["accepted"]), row_s=float(r["row_s"]),
         admit_first_s=float(r["admit_first_s"]), admit_next_s=float(r["admit_next_s"]),
-        kv_token_s=float(r["kv_token_s"]), row_context=float(r["row_context"]),
+        kv_token_s=float(r["kv_token_s"]), row_context=float(r["row_context"]), resume_s=float(r["resume_s"]),
     )
 
 

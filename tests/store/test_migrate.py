@@ -58,6 +58,7 @@ def test_a_schema_1_cache_is_migrated_on_open_with_its_profiles_intact(tmp_path,
         assert p.accepted and p.excess == 0.0 and p.row_s == 0.0  # schema 4: no row cost seen
         assert p.admit_first_s == p.admit_next_s == 0.0  # schema 5: admissions as the profile says
         assert p.kv_token_s == p.row_context == 0.0  # schema 6: TBT_b whatever the rows hold
+        assert p.resume_s == 0.0  # schema 7: the decode resumes at its steady pace
     # the spreads schema 2 adds are bootstrapped from the raw repeats kept by schema 1
     e1, e2 = legacy_spreads((0.101, 0.100, 0.104), (0.352, 0.350, 0.349), l1=2, l2=64, batch=4)
     assert e1 > 0 and e2 > 0
@@ -103,5 +104,5 @@ def test_a_schema_2_cache_keeps_its_failures_and_its_profiles_gain_their_spreads
     assert (p.ttft_err_s, p.tbt_err_s) == (pytest.approx(e1), pytest.approx(e2)) and p.accepted
     assert p.ttft_s == _v1_row(128)[4] and p.tbt_s == _v1_row(128)[5]
     con = sqlite3.connect(path)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     con.close()
