@@ -110,7 +110,8 @@ def cmd_profile(args) -> int:
                                   "l1": p.l1, "l2": p.l2, "repeats": p.repeats, "spread": p.spread,
                                   "source": p.source, "run_s": out.bucket_s.get(b), "row_s": p.row_s,
                                   "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
-                                  "kv_token_s": p.kv_token_s, "row_context": p.row_context}
+                                  "kv_token_s": p.kv_token_s, "row_context": p.row_context,
+                                  "resume_s": p.resume_s}
                          for b, p in profiles.items()},
             "row_cost": None if out.rows is None else {
                 "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,
@@ -124,6 +125,10 @@ def cmd_profile(args) -> int:
                 "kv_token_s": out.context.value, "err_s": out.context.err, "raw_s": out.context.raw,
                 "bucket": out.context.bucket, "short_len": out.context.short_len, "long_len": out.context.long_len,
                 "note": out.context.note, "run_s": out.context_s},
+            "resume_cost": None if out.resume is None else {
+                "resume_s": out.resume.value, "err_s": out.resume.err, "raw_s": out.resume.raw,
+                "bucket": out.resume.bucket, "prompt": out.resume.prompt, "step_s": out.resume.step_s,
+                "note": out.resume.note, "run_s": out.resume_s},
             "noisy": {str(b): why for b, why in out.noisy.items()},
             "notes": {str(b): why for b, why in out.notes.items()},
         })
@@ -149,6 +154,9 @@ def cmd_profile(args) -> int:
     if out.context is not None:
         print(f"a live row's context per decode step: {out.context.said()}; served steps cost what their rows "
               f"read ({out.context_s:.2f} s of runs{sim})")
+    if out.resume is not None:
+        print(f"resuming the decode: {out.resume.said()} ({out.resume_s:.2f} s of "
+              f"runs{sim})")
     for b, why in sorted(out.notes.items()):
         print(f"bucket {b}: {why}")
     for why in out.noisy.values():

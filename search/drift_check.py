@@ -37,6 +37,7 @@ from typing import Callable, Mapping, Sequence, TypeVar
 from lens.admission import unit_admission
 from lens.buckets import decode_contexts, used_buckets
 from lens.context_cost import unit_context_cost
+from lens.resume import unit_resume
 from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Reference, action, drift_of,
                         reference_probe)
 from lens.errors import one_line
@@ -79,6 +80,8 @@ class DriftCheck:
     #: the rounds' probes hold one context per row and cannot see it either
     kv_token_s: float = 0.0
     row_context: float = 0.0
+    #: what a decode run costs after a served admission (``lens.resume``): the rounds run static probes only
+    resume_s: float = 0.0
 
     @classmethod
     def of(cls, space: Space, cand: Candidate, requests: Requests,
@@ -107,7 +110,7 @@ class DriftCheck:
         kv, row_context = unit_context_cost(cached)
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
                    all_buckets, profile, side, probes, unit_row_s(cached), admit_first_s=first, admit_next_s=nxt,
-                   kv_token_s=kv, row_context=row_context)
+                   kv_token_s=kv, row_context=row_context, resume_s=unit_resume(cached))
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
@@ -247,5 +250,6 @@ def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
     return {b: dataclasses.replace(
         to_profile(f, accepted=assess(f, max_spread=check.profile.max_spread) is None, runner=name, host=res.host,
                    simulated=res.simulated), row_s=check.row_s, admit_first_s=check.admit_first_s,
-        admit_next_s=check.admit_next_s, kv_token_s=check.kv_token_s, row_context=check.row_context)
+        admit_next_s=check.admit_next_s, kv_token_s=check.kv_token_s, row_context=check.row_context,
+        resume_s=check.resume_s)
         for b, f in fits.items()}, ""

@@ -33,6 +33,11 @@ for the search); the caller stores what it returns, whole, in one transaction.
    batches at the shortest and the longest prompt of the widest token-generation window;
    kept in every profile (``kv_token_s``, with the row cost's measured context,
    ``row_context``). Only where the unit may be served continuously, as 7.
+9. What a decode run costs after a served admission beyond its steps (``lens.resume``):
+   served calls of lone requests of two output lengths in the smallest token-generation
+   bucket that holds them; kept in every profile (``resume_s``). Only as 7, and only for a
+   target served continuously (``[target] serving``): it costs device time a static search
+   would never use.
 """
 from __future__ import annotations
 
@@ -44,7 +49,9 @@ from typing import Sequence
 
 from lens import admission as admission_cost
 from lens import context_cost
+from lens import resume as resume_cost
 from lens import rows as row_cost
+from lens.buckets import select_index
 from lens.errors import RunnerError, UserError, one_line
 from lens.noise import ESTIMATOR
 from lens.probes import BucketFit, NoisyMeasurement, assess, check_probe, fit, plan_probes, probe_window, to_profile
@@ -96,6 +103,10 @@ class UnitMeasurement:
     #: and its timed run seconds (in run_s)
     context: context_cost.ContextCost | None = None
     context_s: float = 0.0
+    #: what a decode run costs after a served admission (lens.resume); None when not measured (as admission),
+    #: and its timed run seconds (in run_s)
+    resume: resume_cost.ResumeCost | None = None
+    resume_s: float = 0.0
 
     @property
     def hardware_s(self) -> float:
@@ -292,6 +303,10 @@ def measure_unit(
     compile_s, run_s = compile_s + context_spent[0], run_s + context_spent[1]
     if context is not None:
         profiles = {b: dataclasses.replace(p, kv_token_s=context.value) for b, p in profiles.items()}
+    resume, resume_spent = measure_resume(runner, target, tp, batch, profiles, want)
+    compile_s, run_s = compile_s + resume_spent[0], run_s + resume_spent[1]
+    if resume is not None:
+        profiles = {b: dataclasses.replace(p, resume_s=resume.value) for b, p in profiles.items()}
     noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict[b]}
     return UnitMeasurement(
         tp=tp, batch=batch, profiles=profiles, compile_s=compile_s, run_s=run_s, host=result.host,
@@ -299,6 +314,7 @@ def measure_unit(
         noisy=noisy, attempts=attempt, bucket_s={b: runs.cost.get(b, 0.0) for b in want},
         notes={b: "; ".join(v) for b, v in notes.items()}, rows=rows, rows_s=rows_spent[1],
         admission=admission, admission_s=admission_spent[1], context=context, context_s=context_spent[1],
+        resume=resume, resume_s=resume_spent[1],
     )
 
 
@@ -375,3 +391,37 @@ def measure_context_cost(runner: Runner, target: Target, tp: int, batch: int, pr
                 (0.0, 0.0))
     return (context_cost.solve(run.ttft_s, run.e2e_s, p=p, short=short, long_=long_, batch=batch),
             (run.compile_s, run.run_s))
+
+
+def measure_resume(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
+                   buckets: Sequence[int]) -> tuple[resume_cost.ResumeCost | None, tuple[float, float]]:
+    """What a decode run costs after a served admission beyond its steps (lens.resume), measured in the smallest
+    token-generation bucket that holds its requests, and its (compile, run) seconds.
+
+    None (nothing measured) where ``measure_admission`` measures nothing (only served runs compose it), for a
+    target that is not served continuously (its lone requests run one after another, each finding the device
+    idle: on the simulated fleet at batch 2 that costs about as much device time as the buckets' probes, which
+    a static search would pay for nothing) or where no bucket's window holds ``resume_cost.LONG`` decode steps.
+    A runner that fails it leaves 0, with the reason.
+    """
+    if target.batching != "static" or "continuous" not in runner.modes or target.serving != "continuous":
+        return None, (0.0, 0.0)
+    bk = tuple(sorted(buckets))
+    chosen = resume_cost.pick(profiles, bk, target.bucket_policy)
+    if chosen is None:
+        return None, (0.0, 0.0)
+    p, prompt = chosen
+    ctx = profiles[bk[int(select_index([prompt], bk, target.bucket_policy)[0])]]
+    cand = Candidate(tp, batch, bk, bk)
+    rounds, spent = [], [0.0, 0.0]
+    try:
+        for _ in range(resume_cost.ROUNDS):
+            run = runner.run_workload(cand, resume_cost.workload(prompt, ttft_s=ctx.ttft_s, tbt_s=p.tbt_s),
+                                      mode="continuous")
+            spent[0] += run.compile_s
+            spent[1] += run.run_s
+            rounds.append(resume_cost.decode_times(run.ttft_s, run.e2e_s))
+    except (RunnerError, UserError) as exc:  # the profiles stand without it
+        return (resume_cost.ResumeCost(0.0, 0.0, 0.0, p.bucket, prompt, note=f"not measured ({one_line(exc)})"),
+                tuple(spent))
+    return resume_cost.solve(rounds, p=p, prompt=prompt), tuple(spent)

@@ -131,8 +131,9 @@ def test_a_staircase_that_breaks_its_shape_is_measured_again_and_kept_as_measure
 def test_every_bucket_of_the_unit_gets_its_cost(repeats):
     m = measure_unit(sim(stragglers=False), tp=1, batch=2, buckets=BUCKETS, all_buckets=BUCKETS,
                      profile=ProfileSettings(repeats=repeats))
-    # and the runs of the row cost, of the served admissions and of a row's context
-    assert sum(m.bucket_s.values()) + m.rows_s + m.admission_s + m.context_s == pytest.approx(m.run_s, rel=1e-9)
+    # and the runs of the row cost, of the served admissions, of a row's context and of resuming the decode
+    assert sum(m.bucket_s.values()) + m.rows_s + m.admission_s + m.context_s + m.resume_s == \
+        pytest.approx(m.run_s, rel=1e-9)
     assert all(p.repeats >= repeats for p in m.profiles.values())
     assert np.isfinite([p.ttft_err_s for p in m.profiles.values()]).all()
 
@@ -234,3 +235,36 @@ def test_a_paged_decode_kernels_reads_are_measured_and_a_bucket_shaped_one_shows
     m = measure_unit(sim(), tp=1, batch=4, buckets=BUCKETS, all_buckets=BUCKETS, profile=ProfileSettings())
     assert m.context is not None and m.context.value == 0.0 and "none counted" in m.context.note, m.context
     assert all(p.kv_token_s == 0.0 for p in m.profiles.values())
+
+
+# -- what resuming the decode after a served admission costs (lens.resume) ------------------------------------
+
+def test_a_stack_whose_decode_resumes_slowly_is_measured_and_a_steady_one_shows_none():
+    # the simulated stacks run every step at its cost whatever came before: none counted, as shipped
+    served = dataclasses.replace(sim(), serving="continuous")
+    m = measure_unit(served, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings())
+    r = m.resume
+    assert r is not None and r.bucket == BUCKETS[0] and r.prompt == 1 and m.resume_s > 0 and r.err > 0, r
+    assert abs(r.value) < 0.5 * m.profiles[BUCKETS[0]].tbt_s, r  # nothing of the size of a step
+    assert {p.resume_s for p in m.profiles.values()} == {r.value}
+    # a stack that pays 40 ms whenever its decode resumes after a prefill (every request of the measurement
+    # is alone: it resumes once per request): measured through the runner, kept in every profile
+    runner = get_runner(served)
+    plain = runner.run_workload
+
+    def slow_resume(cand, requests, *, mode="static"):
+        run = plain(cand, requests, mode=mode)
+        if mode == "continuous":
+            run = dataclasses.replace(run, e2e_s=run.e2e_s + np.where(requests.output_len > 1, 0.04, 0.0))
+        return run
+
+    runner.run_workload = slow_resume
+    m = measure_unit(served, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings(),
+                     runner=runner)
+    assert m.resume.value == pytest.approx(0.04, abs=3 * m.resume.err) and m.resume.note == "", m.resume
+    assert {p.resume_s for p in m.profiles.values()} == {m.resume.value}
+
+
+def test_resuming_is_measured_only_for_a_target_served_continuously():
+    m = measure_unit(sim(), tp=1, batch=4, buckets=BUCKETS[:1], all_buckets=BUCKETS, profile=ProfileSettings())
+    assert m.resume is None and m.resume_s == 0.0 and all(p.resume_s == 0.0 for p in m.profiles.values())
