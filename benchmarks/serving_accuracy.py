@@ -65,7 +65,7 @@ from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E4
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.drift_check import DriftCheck, checked  # noqa: E402
-from search.measure import measure_admission, measure_context_cost, measure_row_cost  # noqa: E402
+from search.measure import measure_admission, measure_context_cost, measure_resume, measure_row_cost  # noqa: E402
 from spaces import Budget, ProfileSettings  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
@@ -188,6 +188,12 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
         if kv is not None:
             profiles = {b: dataclasses.replace(p, kv_token_s=kv.value) for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: a row's context {kv.said()}", file=sys.stderr)
+        # what a decode run costs after a served admission (lens.resume), as lensopt's profiling measures it
+        resume, _ = measure_resume(runner, dataclasses.replace(target, serving="continuous"), tp, batch, profiles,
+                                   buckets)
+        if resume is not None:
+            profiles = {b: dataclasses.replace(p, resume_s=resume.value) for b, p in profiles.items()}
+            print(f"{target.hardware} tp{tp} b{batch}: resuming the decode: {resume.said()}", file=sys.stderr)
         cand = Candidate(tp, batch, buckets, buckets)
         table = UnitTable.build(cand, profiles, policy=target.bucket_policy)
         serving = dataclasses.replace(target, serving="continuous")
@@ -207,6 +213,9 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
                 drift = dr.drift.value
                 side = UnitTable.build(cand, {**profiles, **dr.profiles}, policy=target.bucket_policy)
                 corr = summarize_serving_prediction(timed, predict_serving(side, timed, scheduler=sched), chips=tp)
+                # the same without the resume cost: what it changes, measured on the same runs
+                bare = summarize_serving_prediction(
+                    timed, predict_serving(dataclasses.replace(side, resume_s=0.0), timed, scheduler=sched), chips=tp)
                 meas = [summarize_serving(timed, ttft_s=run.ttft_s, e2e_s=run.e2e_s, total_s=run.total_s, chips=tp)
                         for run in runs]
                 for m in METRICS:
@@ -216,7 +225,8 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
                                  "rate_req_s": rate, "x_sat": frac, "metric": SHORT[m], "predicted": pred[m], "measured": med,
                                  "spread_%": (max(vals) - min(vals)) / med * 100 if med else float("nan"),
                                  "error_%": err(pred[m], med), "drift": drift,
-                                 "corrected_error_%": err(corr[m], med)})
+                                 "corrected_error_%": err(corr[m], med),
+                                 "corrected_no_resume_%": err(bare[m], med)})
                 print(f"  done: tp{tp} b{batch} {wname} at {rate:.2f} req/s ({frac:g} x saturation {sat:.2f})",
                       file=sys.stderr, flush=True)
     return rows
@@ -231,7 +241,8 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
         print(f"{r['unit']:14} {r['workload']:28} {r['rate_req_s']:7.2f} {r['x_sat']:5.2f} {r['metric']:10} "
               f"{r['predicted'] * k:10.2f} {r['measured'] * k:10.2f} {r['spread_%']:6.1f}% {r['error_%']:+6.1f}% "
               f"{r['drift']:6.3f} {r['corrected_error_%']:+6.1f}%")
-    for key, what in (("error_%", "|error|"), ("corrected_error_%", "|error| corrected for drift")):
+    for key, what in (("error_%", "|error|"), ("corrected_error_%", "|error| corrected for drift"),
+                      ("corrected_no_resume_%", "|error| corrected for drift, without the resume cost (lens.resume)")):
         errs = np.abs([r[key] for r in rows])
         print(f"{what}: median {np.median(errs):.1f}%, p90 {np.percentile(errs, 90):.1f}%, max {errs.max():.1f}%; "
               f"within 10%: {(errs <= 10).sum()}/{len(errs)}")
