@@ -155,8 +155,7 @@ def cmd_profile(args) -> int:
         print(f"a live row's context per decode step: {out.context.said()}; served steps cost what their rows "
               f"read ({out.context_s:.2f} s of runs{sim})")
     if out.resume is not None:
-        print(f"resuming the decode: {out.resume.said()} ({out.resume_s:.2f} s of "
-              f"runs{sim})")
+        print(f"resuming the decode: {out.resume.said()} ({out.resume_s:.2f} s of runs{sim})")
     for b, why in sorted(out.notes.items()):
         print(f"bucket {b}: {why}")
     for why in out.noisy.values():

@@ -37,11 +37,11 @@ from typing import Callable, Mapping, Sequence, TypeVar
 from lens.admission import unit_admission
 from lens.buckets import decode_contexts, used_buckets
 from lens.context_cost import unit_context_cost
-from lens.resume import unit_resume
 from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Reference, action, drift_of,
                         reference_probe)
 from lens.errors import one_line
 from lens.probes import BucketFit, NoisyMeasurement, assess, fit, plan_probes, to_profile
+from lens.resume import unit_resume
 from lens.rows import unit_row_s
 from lens.types import BucketProfile, Candidate, Probe, Requests, Target, Unit
 from runners import Runner
