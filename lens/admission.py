@@ -42,7 +42,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .noise import DRAWS, SEED, spread
+from .noise import DRAWS, SEED, rounds_estimate
 from .probes import prefill_calls
 from .types import PREFILLS, BucketProfile, Requests
 
@@ -157,11 +157,7 @@ def solve(rounds: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *, p: Buc
     notes = []
 
     def kept(name: str, per_round: list[tuple[float, np.ndarray]]) -> tuple[float, float, float]:
-        d = np.array([r[0] for r in per_round])
-        raw = float(d.mean())
-        within = float(spread(np.mean([r[1] for r in per_round], axis=0)))
-        between = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
-        err = max(within, between)
+        raw, err = rounds_estimate([r[0] for r in per_round], [r[1] for r in per_round])
         if abs(raw) <= SIGMAS * err:
             notes.append(f"{name} within {SIGMAS:g} standard errors of none, none counted")
             return 0.0, err, raw

@@ -201,6 +201,16 @@ def spread(values: np.ndarray, axis: int = 0) -> np.ndarray:
     return (hi - lo) / 2.0
 
 
+def rounds_estimate(per_round: Sequence[float], resampled: Sequence[np.ndarray]) -> tuple[float, float]:
+    """The mean of per-round estimates and its standard error: the larger of what resampling within each
+    round gives (``resampled``: each round's bootstrap draws, aligned) and what the rounds' disagreement gives
+    (each call has a speed of its own on a drifting host, which resampling within one call does not see)."""
+    d = np.asarray(per_round, dtype=float)
+    within = float(spread(np.mean(resampled, axis=0)))
+    between = float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else 0.0
+    return float(d.mean()), max(within, between)
+
+
 def median_se(runs: np.ndarray, *, draws: int = 400, seed: int = SEED) -> np.ndarray:
     """Per column, the standard error of the median of its rows (its runs), relative to that median.
 

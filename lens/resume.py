@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .buckets import bucket_ranges, select_index
-from .noise import DRAWS, SEED, spread
+from .noise import DRAWS, SEED, rounds_estimate
 from .types import BucketProfile, Requests
 
 #: decode steps of the short and the long requests: the short past the settling steps (about eight on the
@@ -143,11 +143,7 @@ def solve(rounds: Sequence[tuple[np.ndarray, np.ndarray]], *, p: BucketProfile, 
         steps.append(float(st))
         idx = rng.integers(0, s.size, size=(draws, s.size))  # pairs drawn whole: a slow minute stays paired
         boot.append(intercept(s[idx], lg[idx], axis=1)[0])
-    d = np.asarray(per)
-    raw = float(d.mean())
-    within = float(spread(np.mean(boot, axis=0)))
-    between = float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else 0.0
-    err = max(within, between)
+    raw, err = rounds_estimate(per, boot)
     step = float(np.mean(steps))
     if abs(raw) <= SIGMAS * err:
         return ResumeCost(0.0, err, raw, p.bucket, prompt, step,
