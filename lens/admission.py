@@ -12,10 +12,16 @@ prefill + fixed / B). A server admits prompts as they arrive, in scheduler passe
 - a stack whose server skips part of the static call's setup, or adds work of its own per
   admitted request, costs less, or more, per admission.
 
-Two offsets from TTFT_b describe a unit's server: ``first_s`` for the first prompt a pass
-admits and ``next_s`` for each further one in the same pass. ``lens.serving`` charges a
-pass's prompts TTFT_b + first_s, then TTFT_b + next_s each. With ``prefill = "batched"`` a
-pass is one call whatever it holds: ``first_s`` only.
+Three offsets from TTFT_b describe a unit's server: ``first_s`` for the first prompt of a pass
+that finds the device idle (it waited for an arrival), ``busy_s`` for the first prompt of a
+pass that stops a running decode (or follows the last one's end with a request waiting), and
+``next_s`` for each further one in the same pass. ``lens.serving`` charges a pass's prompts
+TTFT_b + first_s (or busy_s), then TTFT_b + next_s each. With ``prefill = "batched"`` a pass
+is one call whatever it holds: ``first_s`` or ``busy_s`` only. The two first prompts differ
+where waking an idle host or device costs what a running one does not (on the jax runner on
+this 2-core host, a prefill after an idle spell ran 1.5-3 ms over TTFT_b, and one that
+stopped a running decode about TTFT_b: lone arrivals at a light rate were predicted 1.4-1.8 ms
+short, those during a decode 1-2.7 ms long, when one offset priced both).
 
 The measurement, in the unit's smallest measured bucket with one-token requests (a
 prefill and nothing else; a served one frees its slot at once): ``ROUNDS`` rounds, each
@@ -25,11 +31,18 @@ prefill and nothing else; a served one frees its slot at once): ``ROUNDS`` round
 - a served call (``mode = "continuous"``) of ``BURSTS`` bursts of ``m`` requests arriving
   together at an idle device (``m``: the batch, or the scheduler's ``max_prefills`` when
   smaller; 1 with batched prefill): the first one's TTFT, and the slope of the later
-  ones' TTFTs.
+  ones' TTFTs;
+- a served call of ``CARRIERS`` carrier requests, each decoding in one token-generation
+  bucket (``busy_plan``) while ``LONE`` one-token requests arrive, each
+  ``SETTLE`` steps after the last pass and at another phase of a step: a lone request waits
+  for the step under way (half the carrier's step on average), then is prefilled, so its
+  TTFT less half a step is a busy pass's first prompt. Not for a batch of one (no slot is
+  free while a request decodes) or where no measured window holds the carrier: ``busy_s``
+  is then ``first_s``, as one offset priced both before.
 
-Per round, ``first = median(first TTFTs) - median(static)`` and ``next = median(slopes) -
-median(static)``: the two calls are adjacent, so a host that drifts over minutes lands on
-both alike. The estimate is the mean over the rounds; its standard error the larger of
+Per round, ``first = median(first TTFTs) - median(static)``, ``next = median(slopes) -
+median(static)`` and ``busy = median(lone TTFTs - half a step) - median(static)``: the calls
+are adjacent, so a host that drifts over minutes lands on all alike. The estimate is the mean over the rounds; its standard error the larger of
 what resampling each call's batches and bursts gives and what the rounds' disagreement
 gives (each call has a speed of its own on a drifting host, which resampling within one
 call does not see). Each offset is kept only beyond ``SIGMAS`` standard errors (else 0:
@@ -38,10 +51,11 @@ the server costs what the profile says), and never below -TTFT_b (no admission i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
+from .buckets import decode_windows, select_index
 from .noise import DRAWS, SEED, rounds_estimate
 from .probes import prefill_calls
 from .types import PREFILLS, BucketProfile, Requests
@@ -59,6 +73,20 @@ BURSTS = 6
 GAP = 3.0
 #: an offset is kept only beyond this many of its standard errors (as lens.rows's row cost)
 SIGMAS = 3.0
+#: carriers per busy call, one after another, and lone one-token requests arriving while each decodes: the wait
+#: for the step under way spreads a lone TTFT over a whole step (up to 4 ms on the jax runner), and 24 of them
+#: a round bring the offset's standard error to about what the idle bursts give
+CARRIERS = 4
+LONE = 6
+#: decode steps the carrier runs after each pass before the next lone arrival, so that each lands on settled
+#: steps (lens.resume: the steps after a served prefill settle over about eight on the jax runner)
+SETTLE = 16
+#: the carrier decodes this many times the steps its lone arrivals span at the profile's pace, so that the last
+#: one still finds it decoding on a host that much faster than when it profiled
+MARGIN = 1.5
+#: the fraction of a step between consecutive lone arrivals' phases (the golden ratio's, which spreads them
+#: evenly over a step): the step under way is waited on half a step on average
+PHASE = 0.6180339887
 
 
 @dataclass(frozen=True)
@@ -75,6 +103,11 @@ class AdmissionCost:
     raw_next_s: float = 0.0
     #: prompts per burst (1: a pass's further prompts were not measured: ``next_s`` 0)
     burst: int = 0
+    #: a busy pass's first prompt (``first_s`` when not measured: ``busy_measured`` False), its error and raw value
+    busy_s: float = 0.0
+    busy_err_s: float = 0.0
+    raw_busy_s: float = 0.0
+    busy_measured: bool = False
     #: why a value is not its raw estimate ("" when both are)
     note: str = ""
 
@@ -87,16 +120,19 @@ class AdmissionCost:
         text = f"a pass's first prompt {one(self.first_s, self.raw_first_s, self.first_err_s)}"
         if self.burst > 1:
             text += f", each further one {one(self.next_s, self.raw_next_s, self.next_err_s)}"
+        if self.busy_measured:
+            text += f"; a pass's first during a decode {one(self.busy_s, self.raw_busy_s, self.busy_err_s)}"
         return text + (f"; {self.note}" if self.note else "")
 
 
-def unit_admission(profiles: Sequence[BucketProfile]) -> tuple[float, float]:
-    """A unit's (first_s, next_s) from its profiles: their medians (one measurement gives them all the same;
-    buckets measured at different times may differ); zeros without any."""
+def unit_admission(profiles: Sequence[BucketProfile]) -> tuple[float, float, float]:
+    """A unit's (first_s, next_s, busy_s) from its profiles: their medians (one measurement gives them all the
+    same; buckets measured at different times may differ); zeros without any."""
     if not profiles:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     return (float(np.median([p.admit_first_s for p in profiles])),
-            float(np.median([p.admit_next_s for p in profiles])))
+            float(np.median([p.admit_next_s for p in profiles])),
+            float(np.median([p.admit_busy_s for p in profiles])))
 
 
 def burst_size(batch: int, *, max_prefills: int, prefill: str = PREFILLS[0]) -> int:
@@ -121,6 +157,53 @@ def served_workload(p: BucketProfile, m: int, bursts: int = BURSTS) -> Requests:
                     name=f"admission-served-{p.bucket}")
 
 
+@dataclass(frozen=True, eq=False)
+class BusyPlan:
+    """The busy call: its requests (carriers and lone ones), which are lone, and the carriers' step."""
+
+    requests: Requests
+    lone: np.ndarray  # bool per request
+    step_s: float
+
+
+def busy_plan(p: BucketProfile, profiles: Mapping[int, BucketProfile], buckets: Sequence[int], policy: str, *,
+              batch: int, carriers: int = CARRIERS, lone: int = LONE) -> BusyPlan | None:
+    """``carriers`` carrier requests one after another, each with ``lone`` one-token requests with bucket ``p``'s
+    prompt arriving while it decodes, in the smallest measured token-generation window that holds a carrier; None
+    for a batch of one or where no window does. A carrier decodes alone (or beside the one before it, in the same
+    bucket): its step is TBT_b less the free rows' host cost (``row_s``)."""
+    if batch < 2:
+        return None
+    bk = sorted(buckets)
+    for b, prompt, room in decode_windows(profiles, bk, policy):
+        tkg = profiles[b]
+        step = tkg.tbt_s - (batch - 1) * tkg.row_s
+        if step <= 0:
+            continue
+        ctx = profiles[bk[int(select_index([prompt], bk, policy)[0])]]
+        k = np.arange(lone, dtype=np.float64)
+        spacing = GAP * max(p.ttft_s, 0.0) + SETTLE * step
+        arrival = MARGIN * max(ctx.ttft_s, 0.0) + SETTLE * step + k * spacing + (k * PHASE % 1.0) * step
+        steps = int(np.ceil(MARGIN * (arrival[-1] + max(p.ttft_s, 0.0)) / step)) + SETTLE
+        if steps > room:
+            continue
+        period = arrival[-1] + spacing  # the next carrier arrives after the last lone request's pass has settled
+        one = np.concatenate([[0.0], arrival])
+        n = lone + 1
+        lin = np.tile(np.concatenate([[prompt], np.full(lone, p.input_len)]), carriers).astype(np.int64)
+        lout = np.tile(np.concatenate([[steps + 1], np.ones(lone)]), carriers).astype(np.int64)
+        arr = np.concatenate([c * period + one for c in range(carriers)])
+        return BusyPlan(Requests(lin, lout, arr, name=f"admission-busy-{p.bucket}"),
+                        np.tile(np.arange(n) > 0, carriers), step)
+    return None
+
+
+def busy_times(ttft_s: Sequence[float], plan: BusyPlan) -> np.ndarray:
+    """Per lone request of ``plan``'s run: its TTFT less half the carriers' step (the wait for the step under way,
+    on average)."""
+    return np.asarray(ttft_s, dtype=float)[plan.lone] - plan.step_s / 2
+
+
 def static_times(ttft_s: Sequence[float], batch: int, prefill: str = PREFILLS[0]) -> np.ndarray:
     """Per batch of ``static_workload``'s run: TTFT_b as the probes solve it (its last first token per prefill call)."""
     t = np.asarray(ttft_s, dtype=float).reshape(-1, batch)
@@ -135,9 +218,10 @@ def burst_times(ttft_s: Sequence[float], m: int) -> tuple[np.ndarray, np.ndarray
     return first, slope
 
 
-def solve(rounds: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *, p: BucketProfile, burst: int,
-          draws: int = DRAWS, seed: int = SEED) -> AdmissionCost:
-    """The offsets from ``rounds`` of (static times, first TTFTs, slopes), one tuple per round."""
+def solve(rounds: Sequence[tuple[np.ndarray, ...]], *, p: BucketProfile, burst: int, draws: int = DRAWS,
+          seed: int = SEED) -> AdmissionCost:
+    """The offsets from ``rounds`` of (static times, first TTFTs, slopes[, busy times]), one tuple per round; the
+    busy times (``busy_times``) only where the busy call ran."""
     if not rounds:
         return AdmissionCost(0.0, 0.0, burst=burst, note="no round was run")
     rng = np.random.default_rng(seed)
@@ -147,13 +231,15 @@ def solve(rounds: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *, p: Buc
         x = np.asarray(x, dtype=float)
         return np.median(x[rng.integers(0, len(x), size=(draws, len(x)))], axis=1)
 
-    # per round: (its difference, its resampled differences) for the first prompt and a further one
-    firsts, nexts = [], []
-    for q, f, s in rounds:
+    # per round: (its difference, its resampled differences) for the first prompt, a further one, a busy first
+    firsts, nexts, busies = [], [], []
+    for q, f, s, *b in rounds:
         q_star = resampled(q)
         firsts.append((float(np.median(f) - np.median(q)), resampled(f) - q_star))
         if burst > 1:
             nexts.append((float(np.median(s) - np.median(q)), resampled(s) - q_star))
+        if b and len(b[0]):
+            busies.append((float(np.median(b[0]) - np.median(q)), resampled(b[0]) - q_star))
     notes = []
 
     def kept(name: str, per_round: list[tuple[float, np.ndarray]]) -> tuple[float, float, float]:
@@ -169,4 +255,9 @@ def solve(rounds: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *, p: Buc
 
     first, first_err, raw_first = kept("first", firsts)
     nxt, next_err, raw_next = kept("next", nexts) if burst > 1 else (0.0, 0.0, 0.0)
-    return AdmissionCost(first, nxt, first_err, next_err, raw_first, raw_next, burst, "; ".join(notes))
+    if len(busies) == len(rounds):
+        busy, busy_err, raw_busy = kept("during a decode", busies)
+    else:  # as one offset priced both passes before
+        busy, busy_err, raw_busy = first, 0.0, 0.0
+    return AdmissionCost(first, nxt, first_err, next_err, raw_first, raw_next, burst, busy, busy_err, raw_busy,
+                         len(busies) == len(rounds), "; ".join(notes))

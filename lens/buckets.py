@@ -6,7 +6,7 @@ padding): the smallest b with l <= b.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -123,6 +123,21 @@ def used_buckets(ctx_buckets: Sequence[int], tkg_buckets: Sequence[int], input_l
         lo, hi = bucket_ranges(tkg_buckets, policy)
         used |= {b for b, a, z in zip(tkg_buckets, lo, hi) if a <= contexts[1] and z >= contexts[0]}
     return frozenset(int(b) for b in used)
+
+
+def decode_windows(measured: Iterable[int], buckets: Sequence[int], policy: str) -> Iterator[tuple[int, int, int]]:
+    """(token-generation bucket, prompt, room) from the smallest bucket up, for a served measurement whose
+    request must decode in one bucket from its first step to its last: the prompt at the bucket's window's
+    start, ``room`` the decode steps the window holds after it. Only buckets ``measured``, whose prompt's
+    context-encoding bucket is ``measured`` too."""
+    have = set(measured)
+    bk = sorted(buckets)
+    lo, hi = bucket_ranges(bk, policy)
+    for b, a, z in zip(bk, lo.tolist(), hi.tolist()):
+        prompt = max(a - 1, 1)  # contexts prompt + 1 .. prompt + room, all in [a, z]
+        ci = int(select_index([prompt], bk, policy)[0])
+        if b in have and prompt + 1 >= a and ci >= 0 and bk[ci] in have:
+            yield b, prompt, z - prompt
 
 
 def max_length(buckets: Sequence[int]) -> int:

@@ -65,8 +65,8 @@ class UnitTable:
     #: host seconds per live row per decode step, counted in TBT_b for a full batch (``lens.rows``): a step
     #: with r rows still generating costs TBT_b - (batch - r) row_s
     row_s: float = 0.0
-    #: served admissions against TTFT_b (``lens.admission``): seconds added to the first prompt a scheduler pass
-    #: admits, and to each further one in the pass (continuous serving only)
+    #: served admissions against TTFT_b (``lens.admission``): seconds added to the first prompt of a scheduler pass
+    #: that finds the device idle, and to each further one in the pass (continuous serving only)
     admit_first_s: float = 0.0
     admit_next_s: float = 0.0
     #: seconds per KV token a decode step reads (``lens.context_cost``; static and continuous), the probes' mean
@@ -77,6 +77,9 @@ class UnitTable:
     #: seconds the first decode run after a served admission pass costs beyond its steps (``lens.resume``;
     #: continuous serving only)
     resume_s: float = 0.0
+    #: seconds added to the first prompt of a served pass that stops a running decode (``lens.admission``:
+    #: ``admit_first_s`` is a pass's that finds the device idle; continuous serving only)
+    admit_busy_s: float = 0.0
 
     @classmethod
     def build(
@@ -117,6 +120,7 @@ class UnitTable:
             tkg_ref=np.asarray([reference_context(profiles[b]) for b in tkg], dtype=np.float64),
             row_context=row_context,
             resume_s=unit_resume([profiles[b] for b in tkg]),
+            admit_busy_s=admit[2],
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":

@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .buckets import bucket_ranges, select_index
+from .buckets import decode_windows
 from .noise import DRAWS, SEED, rounds_estimate
 from .types import BucketProfile, Requests
 
@@ -93,16 +93,9 @@ def unit_resume(profiles: Sequence[BucketProfile]) -> float:
 
 def pick(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], policy: str) -> tuple[BucketProfile, int] | None:
     """The token-generation bucket to measure in and the prompt: the smallest measured bucket whose window holds a
-    prompt and ``LONG`` decode steps after it, the prompt at the window's start, its context-encoding bucket
-    measured too; None when no bucket qualifies."""
-    bk = sorted(buckets)
-    lo, hi = bucket_ranges(bk, policy)
-    for b, a, z in zip(bk, lo.tolist(), hi.tolist()):
-        prompt = max(a - 1, 1)  # contexts prompt + 1 .. prompt + LONG, all in [a, z]
-        ci = int(select_index([prompt], bk, policy)[0])
-        if b in profiles and prompt + 1 >= a and prompt + LONG <= z and ci >= 0 and bk[ci] in profiles:
-            return profiles[b], prompt
-    return None
+    prompt and ``LONG`` decode steps after it (``lens.buckets.decode_windows``); None when no bucket qualifies."""
+    found = next((w for w in decode_windows(profiles, buckets, policy) if w[2] >= LONG), None)
+    return None if found is None else (profiles[found[0]], found[1])
 
 
 def workload(prompt: int, *, ttft_s: float, tbt_s: float, pairs: int = PAIRS) -> Requests:

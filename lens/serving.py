@@ -8,8 +8,10 @@ its end), then runs one decode step of the whole batch in the
 token-generation bucket of the longest live context, at TBT_b whatever the number of live
 slots, less the host's per-row work for the free ones (``UnitTable.row_s``, ``lens.rows``).
 A slot frees when its request ends; an idle device waits for the next arrival. A pass's
-first prompt costs TTFT_b + ``admit_first_s`` and each further one TTFT_b + ``admit_next_s``
-(what the unit's server was measured to cost against its static profile: ``lens.admission``).
+first prompt costs TTFT_b + ``admit_first_s`` when the device waited idle for it, TTFT_b +
+``admit_busy_s`` when the pass stops a running decode (or follows its end with a request
+waiting), and each further one TTFT_b + ``admit_next_s`` (what the unit's server was measured
+to cost against its static profile: ``lens.admission``).
 On a unit whose decode kernel reads only the rows' own KV (``kv_token_s`` > 0,
 ``lens.context_cost``) a step costs TBT_b less what the probes' rows read, plus what the
 live rows read at their contexts. The first decode run after a pass that leaves a live row
@@ -107,7 +109,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         _context_prefix(table, table.tkg_buckets.astype(float)),
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
         batched=table.prefill == "batched", row_s=row_s,
-        admit=(table.admit_first_s, table.admit_next_s), kv=kv, resume=table.resume_s,
+        admit=(table.admit_first_s, table.admit_next_s, table.admit_busy_s), kv=kv, resume=table.resume_s,
     )
     out = [np.empty(n) for _ in range(3)]
     for dst, src in zip(out, (start, first, finish)):
@@ -127,15 +129,15 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
 
 
 def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
-                row_s: float = 0.0, admit: tuple[float, float] = (0.0, 0.0), kv: float = 0.0,
+                row_s: float = 0.0, admit: tuple[float, float, float] = (0.0, 0.0, 0.0), kv: float = 0.0,
                 resume: float = 0.0):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
     ``ci``: each request's context-encoding bucket index; ``ttft``: TTFT_b per bucket (one
     request's prefill, or with ``batched`` one call of the whole compiled batch); ``row_s``: the
     host's cost per live row of a step, counted in TBT_b, not paid for a free slot; ``admit``: seconds
-    added to a pass's first prompt and to each further one (``lens.admission``; a batched pass is one
-    call: the first only); ``kv``: seconds per context token of each live row per step (``lens.context_cost``;
+    added to the first prompt of a pass that finds the device idle, to each further one, and to the first
+    of a pass that does not (``lens.admission``; a batched pass is one call: a first only); ``kv``: seconds per context token of each live row per step (``lens.context_cost``;
     ``cum`` then holds TBT_b less the probes' reads, and ``row_s`` the host's part of the row cost); ``resume``:
     seconds the first decode run after a pass costs beyond its steps (``lens.resume``).
     Returns per-request admission, first-token and last-token times, the number of decode
@@ -157,6 +159,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     sb = 0  # sum of the live requests' bases: their contexts at global step s sum to sb + nlive s
     busy = slot_tokens = 0.0
     pending = 0.0  # the resume cost the next decode run pays (a pass has stopped the decode since the last one)
+    idled = True  # the device has waited for an arrival since its last pass (a run starts idle)
     searchsorted = np.searchsorted
 
     def run_s(c: int, k: int, g: int, free: int, nlive: int, sb: int) -> float:
@@ -175,7 +178,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 took, qi = list(range(qi, j)), j
                 call = max(ci_l[i] for i in took)
                 calls.append(call)
-                dt = max(ttft_l[call] + admit[0], 0.0)
+                dt = max(ttft_l[call] + admit[0 if idled else 2], 0.0)
                 t += dt
                 busy += dt
                 for i in took:
@@ -187,7 +190,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                     i = qi
                     qi += 1
                     start[i] = t
-                    dt = max(pre_l[i] + admit[1 if took else 0], 0.0)
+                    dt = max(pre_l[i] + admit[1 if took else 0 if idled else 2], 0.0)
                     t += dt
                     busy += dt
                     first[i] = t
@@ -205,10 +208,12 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 heapq.heappush(bases, (g - lin_l[i], i))
                 sb += lin_l[i] - g
             pending = resume  # the decode resumes after this pass (no live row: no decode, and it is dropped below)
+            idled = False
         if not nlive:
             pending = 0.0
             if qi < n and arr_l[qi] > t:
                 t = arr_l[qi]  # idle until the next arrival
+                idled = True
             continue
         # -- a run of decode steps with a fixed live set, up to the next event
         while not live[bases[0][1]]:

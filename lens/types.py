@@ -264,6 +264,9 @@ class BucketProfile:
     row_context: float = 0.0
     #: the unit's seconds a decode run costs after a served admission beyond its steps (lens.resume; 0: none seen)
     resume_s: float = 0.0
+    #: the unit's served admissions against ``ttft_s`` (lens.admission): seconds added to the first prompt of a pass
+    #: that stops a running decode (``admit_first_s`` prices a pass that finds the device idle)
+    admit_busy_s: float = 0.0
 
     @property
     def rel_err(self) -> float:

@@ -95,3 +95,61 @@ def test_the_workloads_find_an_idle_device_and_read_back_by_burst():
                                                 (0, "batched", 1), (16, "sequential", 8)])
 def test_a_burst_is_what_one_pass_admits(cap, prefill, want):
     assert admission.burst_size(8, max_prefills=cap, prefill=prefill) == want
+
+
+# -- a pass that stops a running decode (busy_plan, busy_times) ------------------------------------------------
+
+def tkg(bucket, tbt_s, ttft_s=0.02, row_s=0.0):
+    return BucketProfile(bucket=bucket, ttft_s=ttft_s, tbt_s=tbt_s, input_len=bucket // 2, l1=1, l2=8, t1_s=0,
+                         t2_s=0, repeats=3, spread=0, row_s=row_s)
+
+
+def test_the_busy_call_keeps_its_carriers_decoding_in_one_window_past_every_lone_arrival():
+    p = prof(0.006)
+    profiles = {64: tkg(64, 0.002, 0.006), 256: tkg(256, 0.003), 1024: tkg(1024, 0.004, 0.05, row_s=1e-4)}
+    plan = admission.busy_plan(p, profiles, (64, 256, 1024), "exclusive", batch=4)
+    r, lone = plan.requests, plan.lone
+    assert len(r) == admission.CARRIERS * (admission.LONE + 1) and lone.sum() == admission.CARRIERS * admission.LONE
+    # carriers: their prompt opens the smallest window that holds one (64's and 256's are too short)
+    assert np.all(r.input_len[~lone] == 255) and np.all(r.input_len[lone] == p.input_len)
+    assert np.all(r.output_len[lone] == 1) and np.all(np.diff(r.arrival_s) > 0) and r.arrival_s[0] == 0.0
+    assert plan.step_s == pytest.approx(0.004 - 3 * 1e-4)  # alone: the three free rows' host cost saved
+    steps = int(r.output_len[0]) - 1
+    assert r.input_len[0] + steps <= 1024  # never leaves the window
+    starts = np.flatnonzero(~lone)
+    for c, s in enumerate(starts):
+        mine = r.arrival_s[s + 1: s + 1 + admission.LONE] - r.arrival_s[s]
+        # each lone request arrives well before its carrier would end on a host MARGIN times faster
+        assert mine[-1] + p.ttft_s < steps * plan.step_s / admission.MARGIN
+        gaps = np.diff(mine)
+        assert np.all(gaps >= admission.GAP * p.ttft_s + (admission.SETTLE - 1) * plan.step_s)  # less a phase
+        # the arrivals' phases within a step spread over it (the wait for the step under way averages half of one)
+        assert np.ptp((mine / plan.step_s) % 1.0) > 0.5
+    # TTFT less half the carriers' step, per lone request
+    ttft = np.where(lone, 0.009, 0.05)
+    np.testing.assert_allclose(admission.busy_times(ttft, plan), np.full(lone.sum(), 0.009 - plan.step_s / 2))
+
+
+def test_no_busy_call_for_a_batch_of_one_or_without_a_window_that_holds_it():
+    profiles = {64: tkg(64, 0.002, 0.006), 128: tkg(128, 0.002)}
+    assert admission.busy_plan(prof(), profiles, (64, 128), "exclusive", batch=4) is None
+    big = {64: tkg(64, 0.002, 0.006), 1024: tkg(1024, 0.004, 0.05)}
+    assert admission.busy_plan(prof(), big, (64, 1024), "exclusive", batch=1) is None
+
+
+def test_a_busy_pass_is_solved_against_the_same_static_call_and_defaults_to_the_first_when_not_run():
+    rounds = stack(3e-3, 1e-3, batch=4, served_fixed=3e-3, served_per=1e-3, m=4)
+    # the static TTFT_b is 1.75 ms: lone prompts during a decode at 1.25 ms -> -0.5 ms, with some spread
+    rng = np.random.default_rng(1)
+    busy = [np.full(admission.LONE, 1.25e-3) + 1e-6 * rng.standard_normal(admission.LONE) for _ in rounds]
+    c = admission.solve([(*r, b) for r, b in zip(rounds, busy)], p=prof(1.75e-3), burst=4)
+    assert c.busy_measured and c.busy_s == pytest.approx(-0.5e-3, abs=2e-6) and c.busy_s == c.raw_busy_s
+    assert "during a decode" in c.said()
+    # not run (a batch of one, no window): the first prompt's offset prices both passes, as before
+    c = admission.solve(rounds, p=prof(1.75e-3), burst=4)
+    assert not c.busy_measured and c.busy_s == c.first_s != 0.0 and "during a decode" not in c.said()
+    # noise alone: none counted, said so
+    rng = np.random.default_rng(2)
+    noisy = [1.75e-3 + 1e-4 * rng.standard_normal(admission.LONE) for _ in rounds]
+    c = admission.solve([(*r, b) for r, b in zip(rounds, noisy)], p=prof(1.75e-3), burst=4)
+    assert c.busy_s == 0.0 and c.busy_measured and "during a decode within" in c.note

@@ -9,7 +9,7 @@ from lens.errors import UserError
 from lens.serving import Scheduler, predict_serving
 from lens.types import Requests
 
-from servingkit import REF, TBT, TTFT, table  # tests/lens is on sys.path (pytest rootdir imports)
+from servingkit import REF, TBT, TTFT, busy, table  # tests/lens is on sys.path (pytest rootdir imports)
 
 
 def run(batch, lin, lout, arr, prefill="sequential", **sched):
@@ -157,6 +157,23 @@ def test_a_pass_charges_its_first_prompt_and_each_further_one_their_own_offsets(
     close(run(2, [3, 3, 3], [2, 2, 2], [0.0, 0.0, 5.0]).first_s, [1.0, 2.0, 6.0])
 
 
+def test_a_pass_that_stops_a_running_decode_charges_its_first_prompt_the_busy_offset():
+    # B = 2, +0.3 after an idle spell, +0.05 during a decode. r0 (3 in, 4 out) at 0 finds the device idle:
+    # 1.0 + 0.3 -> 1.3; steps 0.1 each. r1 (3 in, 2 out) arrives at 1.35: the step under way ends at 1.4, the
+    # pass stops the decode: 1.0 + 0.05 -> 2.45; one step for both -> 2.55 (r1 ends), r0's last -> 2.65.
+    # r2 arrives at 9 to an idle device again: +0.3 (TTFT 1.3).
+    p = predict_serving(table(2, admit=(0.3, 0.0, 0.05)), Requests([3, 3, 3], [4, 2, 2], np.array([0.0, 1.35, 9.0])))
+    close(p.first_s, [1.3, 2.45, 10.3])
+    close(p.finish_s, [2.65, 2.55, 10.4])
+    # a request waiting when the last live one ends is not an idle spell: r1 (at 0.5) waits for r0's slot (B = 1)
+    p = predict_serving(table(1, admit=(0.3, 0.0, 0.05)), Requests([3, 3], [2, 2], np.array([0.0, 0.5])))
+    close(p.first_s, [1.3, 1.4 + 1.05])
+    # batched: the call is charged the offset of its pass
+    p = predict_serving(table(2, prefill="batched", admit=(0.3, 0.0, 0.05)),
+                        Requests([3, 3], [4, 2], np.array([0.0, 1.35])))
+    close(p.first_s, [1.3, 2.45])
+
+
 # -- what resuming the decode after a pass costs (lens.resume) ------------------------------------------------
 
 def test_each_pass_that_stops_the_decode_makes_its_next_decode_run_pay_the_resume_cost():
@@ -175,7 +192,8 @@ def test_each_pass_that_stops_the_decode_makes_its_next_decode_run_pay_the_resum
 def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", prefill="sequential", row_s=0.0,
               admit=(0.0, 0.0), kv=0.0, row_context=0.0, resume=0.0):
     """The machine of docs/serving.md stepped one decode iteration at a time (no jumps); a free slot
-    saves ``row_s`` of every step; a pass's first prompt costs ``admit[0]`` more, each further one ``admit[1]``;
+    saves ``row_s`` of every step; a pass's first prompt costs ``admit[0]`` more after the device idled (a run
+    starts idle) and ``admit[2]`` (``admit[0]`` when not given) otherwise, each further one ``admit[1]``;
     with ``kv`` a step costs TBT less the probes' B rows' reads at context REF, plus each live row's at its own,
     and a free slot saves only the host's part of ``row_s`` (what is left beyond a row's reads at ``row_context``);
     the first step after an iteration that prefilled anything costs ``resume`` more."""
@@ -183,7 +201,8 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
     order = sorted(range(n), key=lambda i: (arr[i], i))
     first, finish = [None] * n, [None] * n
     slots = {}  # request -> decode steps done
-    t, q = 0.0, 0
+    t, q, idled = 0.0, 0, True
+    first_cost = (admit[0], busy(admit))  # after an idle spell, and not
     while any(f is None for f in finish):
         horizon, k = t, 0
         took = []  # batched: the requests waiting now, one row each of one call
@@ -192,7 +211,7 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
             took.append(order[q])
             q += 1
         if took:
-            t += TTFT[select(max(lin[i] for i in took), (8, 16), policy)] + admit[0]
+            t += TTFT[select(max(lin[i] for i in took), (8, 16), policy)] + first_cost[not idled]
             for i in took:
                 first[i] = t
                 if lout[i] == 1:
@@ -202,16 +221,18 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
         while prefill == "sequential" and len(slots) < batch and q < n and (cap == 0 or k < cap) \
                 and arr[order[q]] <= (t if eager else horizon) + 1e-9:
             i = order[q]
-            t += TTFT[select(lin[i], (8, 16), policy)] + admit[1 if k else 0]
+            t += TTFT[select(lin[i], (8, 16), policy)] + (admit[1] if k else first_cost[not idled])
             q, k = q + 1, k + 1
             first[i] = t
             if lout[i] == 1:
                 finish[i] = t
             else:
                 slots[i] = 0
+        if took or k:
+            idled = False
         if not slots:
             if q < n and arr[order[q]] > t:
-                t = arr[order[q]]
+                t, idled = arr[order[q]], True
             continue
         if took or k:
             t += resume
@@ -230,7 +251,9 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
 @pytest.mark.parametrize("row_s, admit, kv, resume", [(0.0, (0.0, 0.0), 0.0, 0.0), (0.02, (0.0, 0.0), 0.0, 0.0),
                                                       (0.0, (0.3, -0.1), 0.0, 0.0), (0.02, (0.0, 0.0), 0.003, 0.0),
                                                       (0.0, (0.3, -0.1), 0.001, 0.0), (0.0, (0.0, 0.0), 0.0, 0.25),
-                                                      (0.02, (0.3, -0.1), 0.001, 0.07)])
+                                                      (0.02, (0.3, -0.1), 0.001, 0.07),
+                                                      (0.0, (0.3, -0.1, -0.2), 0.0, 0.0),
+                                                      (0.02, (0.3, 0.1, 0.05), 0.001, 0.07)])
 @pytest.mark.parametrize("prefill", ["sequential", "batched"])
 @pytest.mark.parametrize("seed", range(12))
 def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit, kv, resume):
