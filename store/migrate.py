@@ -39,7 +39,9 @@ def fill_added(row: Mapping[str, Any], prefill: str = PREFILLS[0]) -> dict[str, 
         e1 = e2 = 0.0
     return {"ttft_err_s": e1, "tbt_err_s": e2, "excess": 0.0, "accepted": 1, "row_s": 0.0,
             "admit_first_s": 0.0, "admit_next_s": 0.0, "kv_token_s": 0.0, "row_context": 0.0,
-            "resume_s": 0.0}
+            "resume_s": 0.0,
+            # schema 8: a busy pass's first prompt was priced as an idle pass's (one offset for both)
+            "admit_busy_s": row.get("admit_first_s", 0.0)}
 
 
 def spreads_from_raw(con: sqlite3.Connection) -> None:

@@ -35,7 +35,7 @@ from typing import Callable
 #: "LENS" in ASCII: marks an SQLite file as a lensopt profile cache
 APPLICATION_ID = 0x4C454E53
 #: the schema this code reads and writes (``PRAGMA user_version``)
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: the first 16 bytes of every SQLite database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -51,19 +51,19 @@ PROFILE_COLUMNS = (
     "fingerprint", "tp", "batch", "bucket", "ttft_s", "tbt_s", "input_len", "l1", "l2",
     "t1_s", "t2_s", "raw_t1", "raw_t2", "repeats", "spread", "runner", "host",
     "measured_at", "simulated", "source", "ttft_err_s", "tbt_err_s", "excess", "accepted", "row_s",
-    "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s",
+    "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s",
 )
 #: the columns each schema version added at the end of ``profiles`` (its migration adds them)
 ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted"), 4: ("row_s",),
                          5: ("admit_first_s", "admit_next_s"), 6: ("kv_token_s", "row_context"),
-                         7: ("resume_s",)}
+                         7: ("resume_s",), 8: ("admit_busy_s",)}
 #: the primary key of a profile: the first columns of :data:`PROFILE_COLUMNS`
 PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
 #: integer and real columns of ``profiles``; ``simulated`` is 0/1, the rest text
 #: (``raw_t1``/``raw_t2`` are JSON lists of seconds)
 INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats")
 FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at", "ttft_err_s", "tbt_err_s", "excess",
-                 "row_s", "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s")
+                 "row_s", "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s")
 #: 0/1 columns
 BOOL_COLUMNS = ("simulated", "accepted")
 CLAIM_COLUMNS = ("fingerprint", "tp", "batch", "buckets", "owner", "claimed_at", "expires_at")
@@ -119,6 +119,7 @@ CREATE TABLE profiles (
     kv_token_s  REAL    NOT NULL DEFAULT 0,
     row_context REAL    NOT NULL DEFAULT 0,
     resume_s    REAL    NOT NULL DEFAULT 0,
+    admit_busy_s REAL   NOT NULL DEFAULT 0,
     PRIMARY KEY (fingerprint, tp, batch, bucket)
 );
 """
@@ -159,6 +160,8 @@ MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = 
     6: ("ALTER TABLE profiles ADD COLUMN kv_token_s REAL NOT NULL DEFAULT 0",
         "ALTER TABLE profiles ADD COLUMN row_context REAL NOT NULL DEFAULT 0"),
     7: ("ALTER TABLE profiles ADD COLUMN resume_s REAL NOT NULL DEFAULT 0",),
+    8: ("ALTER TABLE profiles ADD COLUMN admit_busy_s REAL NOT NULL DEFAULT 0",
+        "UPDATE profiles SET admit_busy_s = admit_first_s"),
 }
 #: the oldest schema a cache may have and still be opened (brought up to date)
 OLDEST_VERSION = 1

@@ -124,7 +124,8 @@ def _row(**over) -> dict:
            "input_len": 129, "l1": 2, "l2": 64, "t1_s": 0.1, "t2_s": 0.2, "raw_t1": "[0.1]", "raw_t2": "[0.2]",
            "repeats": 1, "spread": 0.0, "runner": "sim", "host": "h", "measured_at": 1.0, "simulated": 1,
            "source": "simulated", "ttft_err_s": 0.0, "tbt_err_s": 0.0, "excess": 0.0, "accepted": 1, "row_s": 0.0,
-           "admit_first_s": 0.0, "admit_next_s": 0.0, "kv_token_s": 0.0, "row_context": 0.0, "resume_s": 0.0}
+           "admit_first_s": 0.0, "admit_next_s": 0.0, "kv_token_s": 0.0, "row_context": 0.0, "resume_s": 0.0,
+           "admit_busy_s": 0.0}
     row.update(over)
     return row
 
