@@ -111,7 +111,7 @@ def cmd_profile(args) -> int:
                                   "source": p.source, "run_s": out.bucket_s.get(b), "row_s": p.row_s,
                                   "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
                                   "kv_token_s": p.kv_token_s, "row_context": p.row_context,
-                                  "resume_s": p.resume_s}
+                                  "resume_s": p.resume_s, "admit_busy_s": p.admit_busy_s}
                          for b, p in profiles.items()},
             "row_cost": None if out.rows is None else {
                 "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,
@@ -120,6 +120,8 @@ def cmd_profile(args) -> int:
                 "first_s": out.admission.first_s, "next_s": out.admission.next_s,
                 "first_err_s": out.admission.first_err_s, "next_err_s": out.admission.next_err_s,
                 "raw_first_s": out.admission.raw_first_s, "raw_next_s": out.admission.raw_next_s,
+                "busy_s": out.admission.busy_s, "busy_err_s": out.admission.busy_err_s,
+                "raw_busy_s": out.admission.raw_busy_s, "busy_measured": out.admission.busy_measured,
                 "burst": out.admission.burst, "note": out.admission.note, "run_s": out.admission_s},
             "context_cost": None if out.context is None else {
                 "kv_token_s": out.context.value, "err_s": out.context.err, "raw_s": out.context.raw,

@@ -82,6 +82,8 @@ class DriftCheck:
     row_context: float = 0.0
     #: what a decode run costs after a served admission (``lens.resume``): the rounds run static probes only
     resume_s: float = 0.0
+    #: a served pass's first prompt when it stops a running decode (``lens.admission``), carried over as the others
+    admit_busy_s: float = 0.0
 
     @classmethod
     def of(cls, space: Space, cand: Candidate, requests: Requests,
@@ -106,11 +108,11 @@ class DriftCheck:
         probes = _bucket_probes(used, profiles, all_buckets, policy, profile.max_output, least) if side \
             else (dataclasses.replace(ref.probe, repeats=least),)
         cached = [profiles[b] for b in used if b in profiles]
-        first, nxt = unit_admission(cached)
+        first, nxt, busy = unit_admission(cached)
         kv, row_context = unit_context_cost(cached)
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
                    all_buckets, profile, side, probes, unit_row_s(cached), admit_first_s=first, admit_next_s=nxt,
-                   kv_token_s=kv, row_context=row_context, resume_s=unit_resume(cached))
+                   kv_token_s=kv, row_context=row_context, resume_s=unit_resume(cached), admit_busy_s=busy)
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
@@ -251,5 +253,5 @@ def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
         to_profile(f, accepted=assess(f, max_spread=check.profile.max_spread) is None, runner=name, host=res.host,
                    simulated=res.simulated), row_s=check.row_s, admit_first_s=check.admit_first_s,
         admit_next_s=check.admit_next_s, kv_token_s=check.kv_token_s, row_context=check.row_context,
-        resume_s=check.resume_s)
+        resume_s=check.resume_s, admit_busy_s=check.admit_busy_s)
         for b, f in fits.items()}, ""

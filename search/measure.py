@@ -26,8 +26,9 @@ for the search); the caller stores what it returns, whole, in one transaction.
    measurement (``row_s``). A runner that cannot run it leaves 0, with the reason in the
    cost's note (``UnitMeasurement.rows``).
 7. What the unit's server costs per admission against TTFT_b (``lens.admission``): rounds of
-   a static call and a served call of one-token requests in the same bucket; kept in every
-   profile (``admit_first_s``, ``admit_next_s``). Only for a runner that serves continuous
+   a static call and a served call of one-token requests in the same bucket, and a served call
+   of one-token requests arriving while a carrier request decodes; kept in every profile
+   (``admit_first_s``, ``admit_next_s``, ``admit_busy_s``). Only for a runner that serves continuous
    mode; one that cannot leaves 0, with the reason (``UnitMeasurement.admission``).
 8. What a live row's context costs a decode step (``lens.context_cost``): pairs of full
    batches at the shortest and the longest prompt of the widest token-generation window;
@@ -294,11 +295,11 @@ def measure_unit(
     if rows is not None:
         at = row_cost.measured_context(profiles[want[0]])
         profiles = {b: dataclasses.replace(p, row_s=rows.value, row_context=at) for b, p in profiles.items()}
-    admission, admission_spent = measure_admission(runner, target, tp, batch, profiles[want[0]], want)
+    admission, admission_spent = measure_admission(runner, target, tp, batch, profiles, want)
     compile_s, run_s = compile_s + admission_spent[0], run_s + admission_spent[1]
     if admission is not None:
-        profiles = {b: dataclasses.replace(p, admit_first_s=admission.first_s, admit_next_s=admission.next_s)
-                    for b, p in profiles.items()}
+        profiles = {b: dataclasses.replace(p, admit_first_s=admission.first_s, admit_next_s=admission.next_s,
+                                           admit_busy_s=admission.busy_s) for b, p in profiles.items()}
     context, context_spent = measure_context_cost(runner, target, tp, batch, profiles, want)
     compile_s, run_s = compile_s + context_spent[0], run_s + context_spent[1]
     if context is not None:
@@ -339,10 +340,11 @@ def measure_row_cost(runner: Runner, target: Target, tp: int, batch: int, p: Buc
     return row_cost.solve(full, one, p=p, batch=batch), (run.compile_s, run.run_s)
 
 
-def measure_admission(runner: Runner, target: Target, tp: int, batch: int, p: BucketProfile,
+def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
                       buckets: Sequence[int]) -> tuple[admission_cost.AdmissionCost | None, tuple[float, float]]:
-    """What the unit's server costs per admission against TTFT_b, measured in bucket ``p`` (lens.admission),
-    and its (compile, run) seconds.
+    """What the unit's server costs per admission against TTFT_b, measured in the smallest bucket of ``profiles``
+    (lens.admission; a busy pass's carrier decodes in the smallest window that holds it), and its (compile, run)
+    seconds.
 
     None (nothing measured) for a ragged-batching target or a runner that does not serve
     continuous mode: its units are never served here, and a prediction of continuous serving
@@ -351,19 +353,26 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, p: Bu
     """
     if target.batching != "static" or "continuous" not in runner.modes:
         return None, (0.0, 0.0)
+    p = profiles[min(profiles)]
     m = admission_cost.burst_size(batch, max_prefills=target.scheduler.max_prefills, prefill=target.prefill)
     bk = tuple(sorted(buckets))
     cand = Candidate(tp, batch, bk, bk)
+    busy = admission_cost.busy_plan(p, profiles, bk, target.bucket_policy, batch=batch)
     rounds, spent = [], [0.0, 0.0]
     try:
         for _ in range(admission_cost.ROUNDS):
             static = runner.run_workload(cand, admission_cost.static_workload(p, batch))
             served = runner.run_workload(cand, admission_cost.served_workload(p, m), mode="continuous")
-            for run in (static, served):
+            runs = [static, served]
+            times = (admission_cost.static_times(static.ttft_s, batch, target.prefill),
+                     *admission_cost.burst_times(served.ttft_s, m))
+            if busy is not None:
+                runs.append(runner.run_workload(cand, busy.requests, mode="continuous"))
+                times += (admission_cost.busy_times(runs[-1].ttft_s, busy),)
+            for run in runs:
                 spent[0] += run.compile_s
                 spent[1] += run.run_s
-            rounds.append((admission_cost.static_times(static.ttft_s, batch, target.prefill),
-                           *admission_cost.burst_times(served.ttft_s, m)))
+            rounds.append(times)
     except (RunnerError, UserError) as exc:  # the profiles stand without it
         return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"not measured ({one_line(exc)})"), tuple(spent)
     return admission_cost.solve(rounds, p=p, burst=m), tuple(spent)
