@@ -19,9 +19,10 @@ pass that stops a running decode (or follows the last one's end with a request w
 TTFT_b + first_s (or busy_s), then TTFT_b + next_s each. With ``prefill = "batched"`` a pass
 is one call whatever it holds: ``first_s`` or ``busy_s`` only. The two first prompts differ
 where waking an idle host or device costs what a running one does not (on the jax runner on
-this 2-core host, a prefill after an idle spell ran 1.5-3 ms over TTFT_b, and one that
-stopped a running decode about TTFT_b: lone arrivals at a light rate were predicted 1.4-1.8 ms
-short, those during a decode 1-2.7 ms long, when one offset priced both).
+this 2-core host, per request against three served runs, a prefill after an idle spell of
+hundreds of milliseconds ran 1.4-3.3 ms over TTFT_b and one that stopped a running decode
+within a millisecond of it: with one offset for both, lone arrivals at a light rate were
+predicted 1.4-1.8 ms short and, at batch 4, those during a decode 1.2-2.8 ms long).
 
 The measurement, in the unit's smallest measured bucket with one-token requests (a
 prefill and nothing else; a served one frees its slot at once): ``ROUNDS`` rounds, each
@@ -42,11 +43,12 @@ prefill and nothing else; a served one frees its slot at once): ``ROUNDS`` round
 
 Per round, ``first = median(first TTFTs) - median(static)``, ``next = median(slopes) -
 median(static)`` and ``busy = median(lone TTFTs - half a step) - median(static)``: the calls
-are adjacent, so a host that drifts over minutes lands on all alike. The estimate is the mean over the rounds; its standard error the larger of
-what resampling each call's batches and bursts gives and what the rounds' disagreement
-gives (each call has a speed of its own on a drifting host, which resampling within one
-call does not see). Each offset is kept only beyond ``SIGMAS`` standard errors (else 0:
-the server costs what the profile says), and never below -TTFT_b (no admission is free).
+are adjacent, so a host that drifts over minutes lands on all alike. The estimate is the
+mean over the rounds; its standard error the larger of what resampling each call's batches,
+bursts and lone requests gives and what the rounds' disagreement gives (each call has a
+speed of its own on a drifting host, which resampling within one call does not see). Each
+offset is kept only beyond ``SIGMAS`` standard errors (else 0: the server costs what the
+profile says), and never below -TTFT_b (no admission is free).
 """
 from __future__ import annotations
 

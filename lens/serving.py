@@ -137,9 +137,10 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     request's prefill, or with ``batched`` one call of the whole compiled batch); ``row_s``: the
     host's cost per live row of a step, counted in TBT_b, not paid for a free slot; ``admit``: seconds
     added to the first prompt of a pass that finds the device idle, to each further one, and to the first
-    of a pass that does not (``lens.admission``; a batched pass is one call: a first only); ``kv``: seconds per context token of each live row per step (``lens.context_cost``;
-    ``cum`` then holds TBT_b less the probes' reads, and ``row_s`` the host's part of the row cost); ``resume``:
-    seconds the first decode run after a pass costs beyond its steps (``lens.resume``).
+    of a pass that does not (``lens.admission``; a batched pass is one call: a first only); ``kv``: seconds
+    per context token of each live row per step (``lens.context_cost``; ``cum`` then holds TBT_b less the
+    probes' reads, and ``row_s`` the host's part of the row cost); ``resume``: seconds the first decode run
+    after a pass costs beyond its steps (``lens.resume``).
     Returns per-request admission, first-token and last-token times, the number of decode
     steps, the busy seconds, the KV positions the decode steps computed (for padding) and
     the bucket index of every batched prefill call.

@@ -180,16 +180,30 @@ def test_a_server_that_launches_once_a_pass_is_measured_against_the_profile(batc
     assert a.first_s == pytest.approx(launch * (1 - 1 / batch), rel=0.05), a
     assert a.next_s == pytest.approx(-launch / batch, rel=0.1), a
     assert {(p.admit_first_s, p.admit_next_s) for p in m.profiles.values()} == {(a.first_s, a.next_s)}
+    # it pays the launch whatever the device was doing: a pass that stops a running decode costs the same, once
+    # the lone requests' wait for the step under way is taken out
+    assert a.busy_measured and a.busy_s == pytest.approx(launch * (1 - 1 / batch), abs=3 * a.busy_err_s), a
+    assert 0 < a.busy_err_s < 0.2 * launch and {p.admit_busy_s for p in m.profiles.values()} == {a.busy_s}
     # as shipped (1% noise, stragglers): still within a few percent
     m = measure_unit(sim(), tp=1, batch=batch, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings())
     assert m.admission.first_s == pytest.approx(launch * (1 - 1 / batch), rel=0.1), m.admission
+
+
+def test_a_batch_of_one_prices_a_busy_pass_as_an_idle_one():
+    # no slot is free while a request decodes: the busy call is not run, and one offset prices both passes
+    m = measure_unit(sim(noise=0.0, stragglers=False), tp=1, batch=1, buckets=BUCKETS[:2], all_buckets=BUCKETS,
+                     profile=ProfileSettings())
+    a = m.admission
+    assert a is not None and not a.busy_measured and a.busy_s == a.first_s
+    assert "during a decode" not in a.said() and {p.admit_busy_s for p in m.profiles.values()} == {a.first_s}
 
 
 def test_a_server_that_costs_what_the_profile_says_shows_none_beyond_its_noise():
     m = measure_unit(sim(noise=0.01, launch=False), tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS,
                      profile=ProfileSettings())
     a = m.admission
-    for kept, raw, err in ((a.first_s, a.raw_first_s, a.first_err_s), (a.next_s, a.raw_next_s, a.next_err_s)):
+    for kept, raw, err in ((a.first_s, a.raw_first_s, a.first_err_s), (a.next_s, a.raw_next_s, a.next_err_s),
+                           (a.busy_s, a.raw_busy_s, a.busy_err_s)):
         assert kept == 0.0 or abs(raw) > 3 * err
         assert abs(kept) < 0.02 * m.profiles[BUCKETS[0]].ttft_s  # nothing of the size of a launch
 
