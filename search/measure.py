@@ -358,24 +358,32 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profi
     bk = tuple(sorted(buckets))
     cand = Candidate(tp, batch, bk, bk)
     busy = admission_cost.busy_plan(p, profiles, bk, target.bucket_policy, batch=batch)
-    rounds, spent = [], [0.0, 0.0]
+    rounds, spent, why = [], [0.0, 0.0], ""
+
+    def timed(requests, mode="static"):
+        run = runner.run_workload(cand, requests, mode=mode)
+        spent[0] += run.compile_s
+        spent[1] += run.run_s
+        return run
+
     try:
         for _ in range(admission_cost.ROUNDS):
-            static = runner.run_workload(cand, admission_cost.static_workload(p, batch))
-            served = runner.run_workload(cand, admission_cost.served_workload(p, m), mode="continuous")
-            runs = [static, served]
+            static = timed(admission_cost.static_workload(p, batch))
+            served = timed(admission_cost.served_workload(p, m), "continuous")
             times = (admission_cost.static_times(static.ttft_s, batch, target.prefill),
                      *admission_cost.burst_times(served.ttft_s, m))
             if busy is not None:
-                runs.append(runner.run_workload(cand, busy.requests, mode="continuous"))
-                times += (admission_cost.busy_times(runs[-1].ttft_s, busy),)
-            for run in runs:
-                spent[0] += run.compile_s
-                spent[1] += run.run_s
+                try:
+                    times += (admission_cost.busy_times(timed(busy.requests, "continuous").ttft_s, busy),)
+                except (RunnerError, UserError) as exc:  # the idle offsets stand without it: one for both passes
+                    busy, why = None, f"a pass during a decode not measured ({one_line(exc)})"
+                    rounds = [r[:3] for r in rounds]
             rounds.append(times)
     except (RunnerError, UserError) as exc:  # the profiles stand without it
         return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"not measured ({one_line(exc)})"), tuple(spent)
-    return admission_cost.solve(rounds, p=p, burst=m), tuple(spent)
+    cost = admission_cost.solve(rounds, p=p, burst=m)
+    return (dataclasses.replace(cost, note="; ".join(x for x in (cost.note, why) if x)) if why else cost), \
+        tuple(spent)
 
 
 def measure_context_cost(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],

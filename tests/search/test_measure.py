@@ -11,6 +11,7 @@ import pytest
 
 from lens.probes import fit, plan_probes, probe_window
 from lens.context_cost import STEPS
+from lens.errors import RunnerError
 from lens.rows import measured_context
 from lens.types import ModelShape, ProbeRun, Target, Unit
 from runners import get_runner
@@ -196,6 +197,24 @@ def test_a_batch_of_one_prices_a_busy_pass_as_an_idle_one():
     a = m.admission
     assert a is not None and not a.busy_measured and a.busy_s == a.first_s
     assert "during a decode" not in a.said() and {p.admit_busy_s for p in m.profiles.values()} == {a.first_s}
+
+
+def test_a_runner_that_fails_the_busy_call_keeps_its_idle_offsets_and_says_why(monkeypatch):
+    runner = get_runner(sim(noise=0.0, stragglers=False))
+    real = runner.run_workload
+
+    def refusing(cand, requests, **kw):
+        if requests.name.startswith("admission-busy"):
+            raise RunnerError("the carrier's output is longer than this engine serves")
+        return real(cand, requests, **kw)
+
+    monkeypatch.setattr(runner, "run_workload", refusing)
+    m = measure_unit(sim(noise=0.0, stragglers=False), tp=1, batch=4, buckets=BUCKETS, all_buckets=BUCKETS,
+                     profile=ProfileSettings(), runner=runner)
+    a = m.admission
+    assert a.first_s == pytest.approx(3e-3 * (1 - 1 / 4), rel=0.05), a  # the idle offsets measured as ever
+    assert not a.busy_measured and a.busy_s == a.first_s
+    assert "a pass during a decode not measured (" in a.note and "the carrier's output is longer" in a.note
 
 
 def test_a_server_that_costs_what_the_profile_says_shows_none_beyond_its_noise():
