@@ -57,7 +57,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .buckets import decode_windows, select_index
+from .buckets import decode_windows
 from .noise import DRAWS, SEED, rounds_estimate
 from .probes import prefill_calls
 from .types import PREFILLS, BucketProfile, Requests
@@ -177,12 +177,12 @@ def busy_plan(p: BucketProfile, profiles: Mapping[int, BucketProfile], buckets: 
     if batch < 2:
         return None
     bk = sorted(buckets)
-    for b, prompt, room in decode_windows(profiles, bk, policy):
+    for b, prompt, room, ctx_bucket in decode_windows(profiles, bk, policy):
         tkg = profiles[b]
         step = tkg.tbt_s - (batch - 1) * tkg.row_s
         if step <= 0:
             continue
-        ctx = profiles[bk[int(select_index([prompt], bk, policy)[0])]]
+        ctx = profiles[ctx_bucket]
         k = np.arange(lone, dtype=np.float64)
         spacing = GAP * max(p.ttft_s, 0.0) + SETTLE * step
         arrival = MARGIN * max(ctx.ttft_s, 0.0) + SETTLE * step + k * spacing + (k * PHASE % 1.0) * step
@@ -257,9 +257,8 @@ def solve(rounds: Sequence[tuple[np.ndarray, ...]], *, p: BucketProfile, burst: 
 
     first, first_err, raw_first = kept("first", firsts)
     nxt, next_err, raw_next = kept("next", nexts) if burst > 1 else (0.0, 0.0, 0.0)
-    if len(busies) == len(rounds):
-        busy, busy_err, raw_busy = kept("during a decode", busies)
-    else:  # as one offset priced both passes before
-        busy, busy_err, raw_busy = first, 0.0, 0.0
+    measured = len(busies) == len(rounds)
+    # not measured: as one offset priced both passes before
+    busy, busy_err, raw_busy = kept("during a decode", busies) if measured else (first, 0.0, 0.0)
     return AdmissionCost(first, nxt, first_err, next_err, raw_first, raw_next, burst, busy, busy_err, raw_busy,
-                         len(busies) == len(rounds), "; ".join(notes))
+                         measured, "; ".join(notes))

@@ -125,11 +125,12 @@ def used_buckets(ctx_buckets: Sequence[int], tkg_buckets: Sequence[int], input_l
     return frozenset(int(b) for b in used)
 
 
-def decode_windows(measured: Iterable[int], buckets: Sequence[int], policy: str) -> Iterator[tuple[int, int, int]]:
-    """(token-generation bucket, prompt, room) from the smallest bucket up, for a served measurement whose
-    request must decode in one bucket from its first step to its last: the prompt at the bucket's window's
-    start, ``room`` the decode steps the window holds after it. Only buckets ``measured``, whose prompt's
-    context-encoding bucket is ``measured`` too."""
+def decode_windows(measured: Iterable[int], buckets: Sequence[int],
+                   policy: str) -> Iterator[tuple[int, int, int, int]]:
+    """(token-generation bucket, prompt, room, the prompt's context-encoding bucket) from the smallest bucket up,
+    for a served measurement whose request must decode in one bucket from its first step to its last: the prompt
+    at the bucket's window's start, ``room`` the decode steps the window holds after it. Only buckets
+    ``measured``, whose prompt's context-encoding bucket is ``measured`` too."""
     have = set(measured)
     bk = sorted(buckets)
     lo, hi = bucket_ranges(bk, policy)
@@ -137,7 +138,7 @@ def decode_windows(measured: Iterable[int], buckets: Sequence[int], policy: str)
         prompt = max(a - 1, 1)  # contexts prompt + 1 .. prompt + room, all in [a, z]
         ci = int(select_index([prompt], bk, policy)[0])
         if b in have and prompt + 1 >= a and ci >= 0 and bk[ci] in have:
-            yield b, prompt, z - prompt
+            yield b, prompt, z - prompt, bk[ci]
 
 
 def max_length(buckets: Sequence[int]) -> int:
