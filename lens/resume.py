@@ -36,16 +36,25 @@ standard errors (else 0: the decode resumes at its steady pace), and never below
 steady step (a resumed run cannot skip a step).
 
 A busy pass's (``busy_plan``), in the smallest measured window that holds a carrier request
-decoding through a lone one: per served call, ``2 PAIRS`` carriers one after another, each
-arriving at an idle device, and one lone request of ``SHORT`` or ``LONG`` decode steps
-(alternating) arriving ``lens.admission.SETTLE`` steps into each carrier's decode. The lone
+decoding through a lone one: per served call, ``2 BUSY_PAIRS`` carriers one after another,
+each arriving once the last lone request has ended, and one lone request of ``SHORT`` or
+``LONG`` decode steps (alternating) arriving ``lens.admission.SETTLE`` steps into each
+carrier's decode. The lone
 request's pass stops the carrier's decode; its decode seconds are again ``steps x step +
-resume``, its steps those of two live rows, and the same intercept solves it. Not for a
-batch of one (no slot is free while a request decodes) or where no window holds a carrier:
-``resume_busy_s`` is then ``resume_s``, as one cost priced both before.
+resume``, its steps those of two live rows, and the same intercept solves it. It refines
+``resume_s`` and is measured in another bucket, with its larger steps' jitter (on the jax
+runner bucket 256 against 64, 1.5-6.6 ms standard errors against 0.5-1.1): ``against_idle``
+keeps it only where it differs from ``resume_s`` beyond ``SIGMAS`` standard errors of the
+difference, and prices a busy pass's resume as an idle one's otherwise (two jax serving runs
+with the busy cost zeroed wherever it was within 3 standard errors of none gained 5 rows
+over one cost for both in one and lost 12 in the other: the batch whose +4.0 +- 1.6 ms was
+zeroed came out 10-47% low). Not for a batch of one (no slot is free while a request
+decodes) or where no window holds a carrier: ``resume_busy_s`` is then ``resume_s``, as one
+cost priced both before.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -65,6 +74,10 @@ LONG = 48
 #: of 10-17 ms, which three tell apart from none more often
 PAIRS = 8
 ROUNDS = 3
+#: pairs per busy call: a lone request there decodes in the larger steps of the window that holds a carrier (on the
+#: jax runner bucket 256 where the idle call's run in 64), whose jitter brought eight pairs' standard error to
+#: 1.5-2.7 ms on an effect of 4-6 ms
+BUSY_PAIRS = 16
 #: each lone request arrives this many times its predecessor's expected seconds after it, so that it finds the
 #: device idle on a host up to that much slower than when it profiled
 GAP = 1.5
@@ -136,14 +149,17 @@ class BusyPlan:
 
 
 def busy_plan(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], policy: str, *, batch: int,
-              pairs: int = PAIRS) -> BusyPlan | None:
+              pairs: int = BUSY_PAIRS) -> BusyPlan | None:
     """``2 pairs`` carriers one after another, each with a lone request of ``SHORT`` or ``LONG`` decode steps
     (alternating) arriving while it decodes, all with the window's prompt, in the smallest measured
     token-generation window that holds a carrier; None for a batch of one or where no window does.
 
     A carrier outlasts its lone request on a host ``MARGIN`` times faster than when it profiled (its steps run
-    alone then: TBT_b less the free rows' host cost, ``row_s``), and the next carrier arrives ``GAP`` times the
-    last one's expected seconds after it, at an idle device."""
+    alone then: TBT_b less the free rows' host cost, ``row_s``), and the next carrier arrives once that lone
+    request has ended on a host ``GAP`` times slower: no pass falls in a lone request's decode but its own. The
+    last carrier may still decode then, and for a few steps of the next lone request (its end is a completion,
+    not a pass; a third row there costs ``row_s``; at a batch of two the next lone request waits for its slot,
+    which moves its TTFT, not its decode)."""
     if batch < 2:
         return None
     for b, prompt, room, ctx_bucket in decode_windows(profiles, sorted(buckets), policy):
@@ -157,7 +173,7 @@ def busy_plan(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], pol
         steps = np.ceil(MARGIN * (lead + ttft + lone * tbt) / alone).astype(np.int64) + SETTLE
         if steps.max() > room:
             continue
-        period = GAP * (2 * ttft + steps * tbt)  # each carrier's expected seconds, GAP times over
+        period = GAP * (lead + ttft + lone * tbt)  # to the lone request's expected end, GAP times over
         start = np.concatenate([[0.0], np.cumsum(period[:-1])])
         n = 2 * lone.size
         arrival = np.empty(n)
@@ -167,6 +183,18 @@ def busy_plan(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], pol
         return BusyPlan(Requests(np.full(n, prompt, np.int64), lout, arrival, name=f"resume-busy-{b}"),
                         np.arange(n) % 2 == 1, b, prompt)
     return None
+
+
+def against_idle(busy: ResumeCost, idle: ResumeCost) -> ResumeCost:
+    """A busy pass's resume cost as kept: ``busy`` where its estimate differs from ``idle``'s beyond ``SIGMAS``
+    standard errors of the difference, else ``idle``'s value, with why."""
+    err = float(np.hypot(busy.err, idle.err))
+    if abs(busy.raw - idle.raw) > SIGMAS * err:
+        return busy
+    return dataclasses.replace(
+        busy, value=idle.value,
+        note=f"{busy.raw * 1e3:+.3f} ms +- {busy.err * 1e3:.3f}: within {SIGMAS:g} standard errors of the idle "
+             f"wait's {idle.raw * 1e3:+.3f} ms, priced as after an idle wait")
 
 
 def busy_decode_times(ttft_s: Sequence[float], e2e_s: Sequence[float],

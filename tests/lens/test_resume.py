@@ -117,9 +117,10 @@ def test_the_busy_call_lays_each_lone_request_on_a_carrier_that_outlasts_it_in_o
     assert np.all(lead >= rs.SETTLE * 0.002)
     lone_end = lead + (0.003 + (w.output_len[plan.lone] - 1) * 0.002)
     assert np.all(carriers * 0.002 / rs.MARGIN > lone_end)
-    # the next carrier arrives after the last one ends on a host GAP times slower
+    # the next carrier arrives after the last lone request ends on a host GAP times slower: no other pass falls
+    # in a lone request's decode
     starts = w.arrival_s[~plan.lone]
-    assert np.all(np.diff(starts) >= rs.GAP * (0.003 + carriers[:-1] * 0.002))
+    assert np.all(np.diff(starts) >= rs.GAP * lone_end[:-1] - 1e-12)
 
 
 def test_there_is_no_busy_call_for_a_batch_of_one_or_without_a_window_that_holds_a_carrier():
@@ -143,3 +144,15 @@ def test_a_busy_resume_is_solved_from_the_lone_requests_only():
     rounds = [rs.busy_decode_times(ttft, e2e, plan) for _ in range(2)]
     c = rs.solve(rounds, p=prof(256), prompt=plan.prompt)
     assert c.value == pytest.approx(0.001) and c.step_s == pytest.approx(0.0022)
+
+
+def test_a_busy_resume_is_kept_only_where_it_differs_from_the_idle_one():
+    idle = rs.ResumeCost(0.008, 0.001, 0.008, 64, 1, 0.002)
+    # +4 +- 1.5 ms against +8 +- 1: a difference of 4 within 3 x 1.8: priced as the idle one, with why
+    c = rs.against_idle(rs.ResumeCost(0.0, 0.0015, 0.004, 256, 127, 0.004, "not counted"), idle)
+    assert c.value == 0.008 and c.raw == 0.004 and c.bucket == 256 and "priced as after an idle wait" in c.note
+    # +1 +- 1 ms against +8 +- 1: apart beyond 3 x 1.4: kept as solved (here not counted: 0)
+    busy = rs.ResumeCost(0.0, 0.001, 0.001, 256, 127, 0.004, "within 3 standard errors of none")
+    assert rs.against_idle(busy, idle) is busy
+    busy = rs.ResumeCost(0.02, 0.001, 0.02, 256, 127, 0.004)
+    assert rs.against_idle(busy, idle) is busy
