@@ -39,22 +39,14 @@ A busy pass's (``busy_plan``), in the smallest measured window that holds a carr
 decoding through a lone one: per served call, ``2 BUSY_PAIRS`` carriers one after another,
 each arriving once the last lone request has ended, and one lone request of ``SHORT`` or
 ``LONG`` decode steps (alternating) arriving ``lens.admission.SETTLE`` steps into each
-carrier's decode. The lone
-request's pass stops the carrier's decode; its decode seconds are again ``steps x step +
-resume``, its steps those of two live rows, and the same intercept solves it. It refines
-``resume_s`` and is measured in another bucket, with its larger steps' jitter (on the jax
-runner bucket 256 against 64, 1.5-6.6 ms standard errors against 0.5-1.1): ``against_idle``
-keeps it only where it differs from ``resume_s`` beyond ``SIGMAS`` standard errors of the
-difference, and prices a busy pass's resume as an idle one's otherwise (two jax serving runs
-with the busy cost zeroed wherever it was within 3 standard errors of none gained 5 rows
-over one cost for both in one and lost 12 in the other: the batch whose +4.0 +- 1.6 ms was
-zeroed came out 10-47% low). Not for a batch of one (no slot is free while a request
-decodes) or where no window holds a carrier: ``resume_busy_s`` is then ``resume_s``, as one
-cost priced both before.
+carrier's decode. The lone request's pass stops the carrier's decode; its decode seconds
+are again ``steps x step + resume``, its steps those of two live rows, and the same
+intercept solves it, kept as ``resume_s`` is. Not for a batch of one (no slot is free while
+a request decodes) or where no window holds a carrier: ``resume_busy_s`` is then
+``resume_s``, as one cost priced both before.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -183,18 +175,6 @@ def busy_plan(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], pol
         return BusyPlan(Requests(np.full(n, prompt, np.int64), lout, arrival, name=f"resume-busy-{b}"),
                         np.arange(n) % 2 == 1, b, prompt)
     return None
-
-
-def against_idle(busy: ResumeCost, idle: ResumeCost) -> ResumeCost:
-    """A busy pass's resume cost as kept: ``busy`` where its estimate differs from ``idle``'s beyond ``SIGMAS``
-    standard errors of the difference, else ``idle``'s value, with why."""
-    err = float(np.hypot(busy.err, idle.err))
-    if abs(busy.raw - idle.raw) > SIGMAS * err:
-        return busy
-    return dataclasses.replace(
-        busy, value=idle.value,
-        note=f"{busy.raw * 1e3:+.3f} ms +- {busy.err * 1e3:.3f}: within {SIGMAS:g} standard errors of the idle "
-             f"wait's {idle.raw * 1e3:+.3f} ms, priced as after an idle wait")
 
 
 def busy_decode_times(ttft_s: Sequence[float], e2e_s: Sequence[float],

@@ -465,5 +465,4 @@ def measure_resume(runner: Runner, target: Target, tp: int, batch: int, profiles
     if busy is None:
         return idle, resume_cost.ResumeCost(idle.value, 0.0, idle.value, note=f"{why}: priced as after an idle wait"), \
             tuple(spent)
-    return idle, resume_cost.against_idle(resume_cost.solve(busy_rounds, p=profiles[busy.bucket], prompt=busy.prompt),
-                                          idle), tuple(spent)
+    return idle, resume_cost.solve(busy_rounds, p=profiles[busy.bucket], prompt=busy.prompt), tuple(spent)

@@ -145,14 +145,3 @@ def test_a_busy_resume_is_solved_from_the_lone_requests_only():
     c = rs.solve(rounds, p=prof(256), prompt=plan.prompt)
     assert c.value == pytest.approx(0.001) and c.step_s == pytest.approx(0.0022)
 
-
-def test_a_busy_resume_is_kept_only_where_it_differs_from_the_idle_one():
-    idle = rs.ResumeCost(0.008, 0.001, 0.008, 64, 1, 0.002)
-    # +4 +- 1.5 ms against +8 +- 1: a difference of 4 within 3 x 1.8: priced as the idle one, with why
-    c = rs.against_idle(rs.ResumeCost(0.0, 0.0015, 0.004, 256, 127, 0.004, "not counted"), idle)
-    assert c.value == 0.008 and c.raw == 0.004 and c.bucket == 256 and "priced as after an idle wait" in c.note
-    # +1 +- 1 ms against +8 +- 1: apart beyond 3 x 1.4: kept as solved (here not counted: 0)
-    busy = rs.ResumeCost(0.0, 0.001, 0.001, 256, 127, 0.004, "within 3 standard errors of none")
-    assert rs.against_idle(busy, idle) is busy
-    busy = rs.ResumeCost(0.02, 0.001, 0.02, 256, 127, 0.004)
-    assert rs.against_idle(busy, idle) is busy
