@@ -189,13 +189,11 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
             profiles = {b: dataclasses.replace(p, kv_token_s=kv.value) for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: a row's context {kv.said()}", file=sys.stderr)
         # what a decode run costs after a served admission (lens.resume), as lensopt's profiling measures it
-        resume, resume_busy, _ = measure_resume(runner, dataclasses.replace(target, serving="continuous"), tp, batch,
-                                                profiles, buckets)
+        resume, _ = measure_resume(runner, dataclasses.replace(target, serving="continuous"), tp, batch, profiles,
+                                   buckets)
         if resume is not None:
-            profiles = {b: dataclasses.replace(p, resume_s=resume.value, resume_busy_s=resume_busy.value)
-                        for b, p in profiles.items()}
-            print(f"{target.hardware} tp{tp} b{batch}: resuming the decode after an idle wait: {resume.said()}; "
-                  f"after a pass during a decode: {resume_busy.said()}", file=sys.stderr)
+            profiles = {b: dataclasses.replace(p, resume_s=resume.value) for b, p in profiles.items()}
+            print(f"{target.hardware} tp{tp} b{batch}: resuming the decode: {resume.said()}", file=sys.stderr)
         cand = Candidate(tp, batch, buckets, buckets)
         table = UnitTable.build(cand, profiles, policy=target.bucket_policy)
         serving = dataclasses.replace(target, serving="continuous")
@@ -217,12 +215,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
                 corr = summarize_serving_prediction(timed, predict_serving(side, timed, scheduler=sched), chips=tp)
                 # the same without the resume cost: what it changes, measured on the same runs
                 bare = summarize_serving_prediction(
-                    timed, predict_serving(dataclasses.replace(side, resume_s=0.0, resume_busy_s=0.0), timed,
-                                           scheduler=sched), chips=tp)
-                # with one resume cost after every pass, idle or not (lens.resume before resume_busy_s)
-                one_resume = summarize_serving_prediction(
-                    timed, predict_serving(dataclasses.replace(side, resume_busy_s=side.resume_s), timed,
-                                           scheduler=sched), chips=tp)
+                    timed, predict_serving(dataclasses.replace(side, resume_s=0.0), timed, scheduler=sched), chips=tp)
                 # and with one admission offset for every pass, idle or not (lens.admission before admit_busy_s)
                 one = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, admit_busy_s=side.admit_first_s), timed,
@@ -238,8 +231,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
                                  "error_%": err(pred[m], med), "drift": drift,
                                  "corrected_error_%": err(corr[m], med),
                                  "corrected_no_resume_%": err(bare[m], med),
-                                 "corrected_one_admission_%": err(one[m], med),
-                                 "corrected_one_resume_%": err(one_resume[m], med)})
+                                 "corrected_one_admission_%": err(one[m], med)})
                 print(f"  done: tp{tp} b{batch} {wname} at {rate:.2f} req/s ({frac:g} x saturation {sat:.2f})",
                       file=sys.stderr, flush=True)
     return rows
@@ -257,9 +249,7 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
     for key, what in (("error_%", "|error|"), ("corrected_error_%", "|error| corrected for drift"),
                       ("corrected_no_resume_%", "|error| corrected for drift, without the resume cost (lens.resume)"),
                       ("corrected_one_admission_%", "|error| corrected for drift, one admission offset for idle and "
-                                                    "busy passes"),
-                      ("corrected_one_resume_%", "|error| corrected for drift, one resume cost after idle and busy "
-                                                 "passes")):
+                                                    "busy passes")):
         errs = np.abs([r[key] for r in rows])
         print(f"{what}: median {np.median(errs):.1f}%, p90 {np.percentile(errs, 90):.1f}%, max {errs.max():.1f}%; "
               f"within 10%: {(errs <= 10).sum()}/{len(errs)}")

@@ -80,9 +80,6 @@ class UnitTable:
     #: seconds added to the first prompt of a served pass that stops a running decode (``lens.admission``:
     #: ``admit_first_s`` is a pass's that finds the device idle; continuous serving only)
     admit_busy_s: float = 0.0
-    #: seconds the first decode run after a served pass that stopped a running decode costs beyond its steps
-    #: (``lens.resume``: ``resume_s`` is after one that found the device idle; continuous serving only)
-    resume_busy_s: float = 0.0
 
     @classmethod
     def build(
@@ -103,7 +100,6 @@ class UnitTable:
         used = [profiles[b] for b in sorted(set(ctx + tkg))]
         admit = unit_admission([profiles[b] for b in ctx])
         kv, row_context = unit_context_cost([profiles[b] for b in tkg])
-        resume = unit_resume([profiles[b] for b in tkg])
         return cls(
             batch=candidate.batch,
             policy=policy,
@@ -123,9 +119,8 @@ class UnitTable:
             kv_token_s=kv,
             tkg_ref=np.asarray([reference_context(profiles[b]) for b in tkg], dtype=np.float64),
             row_context=row_context,
-            resume_s=resume[0],
+            resume_s=unit_resume([profiles[b] for b in tkg]),
             admit_busy_s=admit[2],
-            resume_busy_s=resume[1],
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":

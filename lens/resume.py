@@ -13,11 +13,8 @@ over about eight steps: a few milliseconds per pass, which the static profile do
 compose (served TPOT came out below the measured one in 23 of 24 rows of the jax serving
 benchmark, and the knee's queueing with it).
 
-``lens.serving`` adds ``resume_s`` to the first decode run after a pass that found the device
-idle (it waited for an arrival) and ``resume_busy_s`` to the first after one that stopped a
-running decode, where a pass leaves a live row. The two differ where resuming after an idle
-spell costs what resuming a decode that ran until the prefill does not (a host that lets its
-caches go cold, or lowers its clock, while it waits).
+``lens.serving`` adds ``resume_s`` to the first decode run after each pass that leaves a
+live row.
 
 The measurement, in the smallest measured token-generation bucket whose window holds a
 prompt and ``LONG`` decode steps after it (``pick``): ``ROUNDS`` served calls, each of
@@ -34,16 +31,6 @@ the calls; its standard error the larger of what resampling each call's pairs gi
 the calls' disagreement gives (as ``lens.admission``). It is kept only beyond ``SIGMAS``
 standard errors (else 0: the decode resumes at its steady pace), and never below minus one
 steady step (a resumed run cannot skip a step).
-
-A busy pass's (``busy_plan``), in the smallest measured window that holds a carrier request
-decoding through a lone one: per served call, ``2 BUSY_PAIRS`` carriers one after another,
-each arriving once the last lone request has ended, and one lone request of ``SHORT`` or
-``LONG`` decode steps (alternating) arriving ``lens.admission.SETTLE`` steps into each
-carrier's decode. The lone request's pass stops the carrier's decode; its decode seconds
-are again ``steps x step + resume``, its steps those of two live rows, and the same
-intercept solves it, kept as ``resume_s`` is. Not for a batch of one (no slot is free while
-a request decodes) or where no window holds a carrier: ``resume_busy_s`` is then
-``resume_s``, as one cost priced both before.
 """
 from __future__ import annotations
 
@@ -52,7 +39,6 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .admission import MARGIN, SETTLE
 from .buckets import decode_windows
 from .noise import DRAWS, SEED, rounds_estimate
 from .types import BucketProfile, Requests
@@ -66,10 +52,6 @@ LONG = 48
 #: of 10-17 ms, which three tell apart from none more often
 PAIRS = 8
 ROUNDS = 3
-#: pairs per busy call: a lone request there decodes in the larger steps of the window that holds a carrier (on the
-#: jax runner bucket 256 where the idle call's run in 64), whose jitter brought eight pairs' standard error to
-#: 1.5-2.7 ms on an effect of 4-6 ms
-BUSY_PAIRS = 16
 #: each lone request arrives this many times its predecessor's expected seconds after it, so that it finds the
 #: device idle on a host up to that much slower than when it profiled
 GAP = 1.5
@@ -104,13 +86,9 @@ class ResumeCost:
         return f"{kept} (+- {self.err * 1e3:.3f}){where}"
 
 
-def unit_resume(profiles: Sequence[BucketProfile]) -> tuple[float, float]:
-    """A unit's (``resume_s``, ``resume_busy_s``) from its profiles: their medians (one measurement gives them all the
-    same); zeros without any."""
-    if not profiles:
-        return 0.0, 0.0
-    return (float(np.median([p.resume_s for p in profiles])),
-            float(np.median([p.resume_busy_s for p in profiles])))
+def unit_resume(profiles: Sequence[BucketProfile]) -> float:
+    """A unit's ``resume_s`` from its profiles: their median (one measurement gives them all the same); 0 without."""
+    return float(np.median([p.resume_s for p in profiles])) if profiles else 0.0
 
 
 def pick(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], policy: str) -> tuple[BucketProfile, int] | None:
@@ -128,59 +106,6 @@ def workload(prompt: int, *, ttft_s: float, tbt_s: float, pairs: int = PAIRS) ->
     gaps = GAP * (max(ttft_s, 0.0) + (lout - 1) * max(tbt_s, 0.0)) + 1e-3
     arrival = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
     return Requests(np.full(n, prompt, np.int64), lout, arrival, name="resume-cost")
-
-
-@dataclass(frozen=True, eq=False)
-class BusyPlan:
-    """The busy call: its requests (carriers and lone ones), which are lone, and where it decodes."""
-
-    requests: Requests
-    lone: np.ndarray  # bool per request
-    bucket: int
-    prompt: int
-
-
-def busy_plan(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], policy: str, *, batch: int,
-              pairs: int = BUSY_PAIRS) -> BusyPlan | None:
-    """``2 pairs`` carriers one after another, each with a lone request of ``SHORT`` or ``LONG`` decode steps
-    (alternating) arriving while it decodes, all with the window's prompt, in the smallest measured
-    token-generation window that holds a carrier; None for a batch of one or where no window does.
-
-    A carrier outlasts its lone request on a host ``MARGIN`` times faster than when it profiled (its steps run
-    alone then: TBT_b less the free rows' host cost, ``row_s``), and the next carrier arrives once that lone
-    request has ended on a host ``GAP`` times slower: no pass falls in a lone request's decode but its own. The
-    last carrier may still decode then, and for a few steps of the next lone request (its end is a completion,
-    not a pass; a third row there costs ``row_s``; at a batch of two the next lone request waits for its slot,
-    which moves its TTFT, not its decode)."""
-    if batch < 2:
-        return None
-    for b, prompt, room, ctx_bucket in decode_windows(profiles, sorted(buckets), policy):
-        tkg, ctx = profiles[b], profiles[ctx_bucket]
-        tbt, ttft = max(tkg.tbt_s, 0.0), max(ctx.ttft_s, 0.0)
-        alone = tkg.tbt_s - (batch - 1) * tkg.row_s
-        if alone <= 0:
-            continue
-        lead = MARGIN * ttft + SETTLE * tbt  # the lone request lands on the carrier's settled steps
-        lone = np.tile([SHORT, LONG], pairs)
-        steps = np.ceil(MARGIN * (lead + ttft + lone * tbt) / alone).astype(np.int64) + SETTLE
-        if steps.max() > room:
-            continue
-        period = GAP * (lead + ttft + lone * tbt)  # to the lone request's expected end, GAP times over
-        start = np.concatenate([[0.0], np.cumsum(period[:-1])])
-        n = 2 * lone.size
-        arrival = np.empty(n)
-        arrival[0::2], arrival[1::2] = start, start + lead
-        lout = np.empty(n, np.int64)
-        lout[0::2], lout[1::2] = steps + 1, lone + 1
-        return BusyPlan(Requests(np.full(n, prompt, np.int64), lout, arrival, name=f"resume-busy-{b}"),
-                        np.arange(n) % 2 == 1, b, prompt)
-    return None
-
-
-def busy_decode_times(ttft_s: Sequence[float], e2e_s: Sequence[float],
-                      plan: BusyPlan) -> tuple[np.ndarray, np.ndarray]:
-    """The lone short and long requests' decode seconds in ``plan``'s run, one of each per pair."""
-    return decode_times(np.asarray(ttft_s, dtype=float)[plan.lone], np.asarray(e2e_s, dtype=float)[plan.lone])
 
 
 def decode_times(ttft_s: Sequence[float], e2e_s: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:

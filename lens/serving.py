@@ -15,8 +15,7 @@ to cost against its static profile: ``lens.admission``).
 On a unit whose decode kernel reads only the rows' own KV (``kv_token_s`` > 0,
 ``lens.context_cost``) a step costs TBT_b less what the probes' rows read, plus what the
 live rows read at their contexts. The first decode run after a pass that leaves a live row
-costs ``resume_s`` more when the pass found the device idle, ``resume_busy_s`` when it did not (what
-resuming the decode after a prefill costs: ``lens.resume``).
+costs ``resume_s`` more (what resuming the decode after a prefill costs: ``lens.resume``).
 
 Between two events (an admission, a completion) the live set is fixed and the longest
 context grows by one per step, so a run of k steps costs C(c + k) - C(c) with C the prefix
@@ -110,8 +109,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         _context_prefix(table, table.tkg_buckets.astype(float)),
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
         batched=table.prefill == "batched", row_s=row_s,
-        admit=(table.admit_first_s, table.admit_next_s, table.admit_busy_s), kv=kv,
-        resume=(table.resume_s, table.resume_busy_s),
+        admit=(table.admit_first_s, table.admit_next_s, table.admit_busy_s), kv=kv, resume=table.resume_s,
     )
     out = [np.empty(n) for _ in range(3)]
     for dst, src in zip(out, (start, first, finish)):
@@ -132,7 +130,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
 
 def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
                 row_s: float = 0.0, admit: tuple[float, float, float] = (0.0, 0.0, 0.0), kv: float = 0.0,
-                resume: tuple[float, float] = (0.0, 0.0)):
+                resume: float = 0.0):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
     ``ci``: each request's context-encoding bucket index; ``ttft``: TTFT_b per bucket (one
@@ -142,8 +140,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     of a pass that does not (``lens.admission``; a batched pass is one call: a first only); ``kv``: seconds
     per context token of each live row per step (``lens.context_cost``; ``cum`` then holds TBT_b less the
     probes' reads, and ``row_s`` the host's part of the row cost); ``resume``: seconds the first decode run
-    after a pass costs beyond its steps, after one that found the device idle and after one that did not
-    (``lens.resume``).
+    after a pass costs beyond its steps (``lens.resume``).
     Returns per-request admission, first-token and last-token times, the number of decode
     steps, the busy seconds, the KV positions the decode steps computed (for padding) and
     the bucket index of every batched prefill call.
@@ -211,8 +208,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 heapq.heappush(ends, (g + lout_l[i] - 1, i))
                 heapq.heappush(bases, (g - lin_l[i], i))
                 sb += lin_l[i] - g
-            # the decode resumes after this pass (no live row: no decode, and it is dropped below)
-            pending = resume[0 if idled else 1]
+            pending = resume  # the decode resumes after this pass (no live row: no decode, and it is dropped below)
             idled = False
         if not nlive:
             pending = 0.0

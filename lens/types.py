@@ -267,9 +267,6 @@ class BucketProfile:
     #: the unit's served admissions against ``ttft_s`` (lens.admission): seconds added to the first prompt of a pass
     #: that stops a running decode (``admit_first_s`` prices a pass that finds the device idle)
     admit_busy_s: float = 0.0
-    #: the unit's seconds a decode run costs after a served pass that stopped a running decode (lens.resume;
-    #: ``resume_s`` is after one that found the device idle)
-    resume_busy_s: float = 0.0
 
     @property
     def rel_err(self) -> float:

@@ -111,8 +111,7 @@ def cmd_profile(args) -> int:
                                   "source": p.source, "run_s": out.bucket_s.get(b), "row_s": p.row_s,
                                   "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
                                   "kv_token_s": p.kv_token_s, "row_context": p.row_context,
-                                  "resume_s": p.resume_s, "admit_busy_s": p.admit_busy_s,
-                                  "resume_busy_s": p.resume_busy_s}
+                                  "resume_s": p.resume_s, "admit_busy_s": p.admit_busy_s}
                          for b, p in profiles.items()},
             "row_cost": None if out.rows is None else {
                 "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,
@@ -131,12 +130,7 @@ def cmd_profile(args) -> int:
             "resume_cost": None if out.resume is None else {
                 "resume_s": out.resume.value, "err_s": out.resume.err, "raw_s": out.resume.raw,
                 "bucket": out.resume.bucket, "prompt": out.resume.prompt, "step_s": out.resume.step_s,
-                "note": out.resume.note, "run_s": out.resume_s,
-                "busy": None if out.resume_busy is None else {
-                    "resume_s": out.resume_busy.value, "err_s": out.resume_busy.err, "raw_s": out.resume_busy.raw,
-                    "bucket": out.resume_busy.bucket, "prompt": out.resume_busy.prompt,
-                    "step_s": out.resume_busy.step_s, "measured": out.resume_busy.bucket > 0,
-                    "note": out.resume_busy.note}},
+                "note": out.resume.note, "run_s": out.resume_s},
             "noisy": {str(b): why for b, why in out.noisy.items()},
             "notes": {str(b): why for b, why in out.notes.items()},
         })
@@ -163,9 +157,7 @@ def cmd_profile(args) -> int:
         print(f"a live row's context per decode step: {out.context.said()}; served steps cost what their rows "
               f"read ({out.context_s:.2f} s of runs{sim})")
     if out.resume is not None:
-        print(f"resuming the decode after an idle wait: {out.resume.said()} ({out.resume_s:.2f} s of runs{sim})")
-        if out.resume_busy is not None:
-            print(f"resuming the decode after a pass during a decode: {out.resume_busy.said()}")
+        print(f"resuming the decode: {out.resume.said()} ({out.resume_s:.2f} s of runs{sim})")
     for b, why in sorted(out.notes.items()):
         print(f"bucket {b}: {why}")
     for why in out.noisy.values():

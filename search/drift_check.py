@@ -84,8 +84,6 @@ class DriftCheck:
     resume_s: float = 0.0
     #: a served pass's first prompt when it stops a running decode (``lens.admission``), carried over as the others
     admit_busy_s: float = 0.0
-    #: what a decode run costs after such a pass (``lens.resume``), carried over as ``resume_s``
-    resume_busy_s: float = 0.0
 
     @classmethod
     def of(cls, space: Space, cand: Candidate, requests: Requests,
@@ -112,11 +110,9 @@ class DriftCheck:
         cached = [profiles[b] for b in used if b in profiles]
         first, nxt, busy = unit_admission(cached)
         kv, row_context = unit_context_cost(cached)
-        resume, resume_busy = unit_resume(cached)
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
                    all_buckets, profile, side, probes, unit_row_s(cached), admit_first_s=first, admit_next_s=nxt,
-                   kv_token_s=kv, row_context=row_context, resume_s=resume, admit_busy_s=busy,
-                   resume_busy_s=resume_busy)
+                   kv_token_s=kv, row_context=row_context, resume_s=unit_resume(cached), admit_busy_s=busy)
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
@@ -257,5 +253,5 @@ def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
         to_profile(f, accepted=assess(f, max_spread=check.profile.max_spread) is None, runner=name, host=res.host,
                    simulated=res.simulated), row_s=check.row_s, admit_first_s=check.admit_first_s,
         admit_next_s=check.admit_next_s, kv_token_s=check.kv_token_s, row_context=check.row_context,
-        resume_s=check.resume_s, admit_busy_s=check.admit_busy_s, resume_busy_s=check.resume_busy_s)
+        resume_s=check.resume_s, admit_busy_s=check.admit_busy_s)
         for b, f in fits.items()}, ""

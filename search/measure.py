@@ -36,10 +36,9 @@ for the search); the caller stores what it returns, whole, in one transaction.
    ``row_context``). Only where the unit may be served continuously, as 7.
 9. What a decode run costs after a served admission beyond its steps (``lens.resume``):
    served calls of lone requests of two output lengths in the smallest token-generation
-   bucket that holds them, each arriving at an idle device, and served calls of such
-   requests each arriving while a carrier request decodes; kept in every profile
-   (``resume_s``, ``resume_busy_s``). Only as 7, and only for a target served continuously
-   (``[target] serving``): it costs device time a static search would never use.
+   bucket that holds them; kept in every profile (``resume_s``). Only as 7, and only for a
+   target served continuously (``[target] serving``): it costs device time a static search
+   would never use.
 """
 from __future__ import annotations
 
@@ -105,12 +104,10 @@ class UnitMeasurement:
     #: and its timed run seconds (in run_s)
     context: context_cost.ContextCost | None = None
     context_s: float = 0.0
-    #: what a decode run costs after a served admission (lens.resume) that found the device idle, and after one
-    #: that stopped a running decode (the idle one's value, with why, where that was not measured); None when not
-    #: measured (as admission), and their timed run seconds (in run_s)
+    #: what a decode run costs after a served admission (lens.resume); None when not measured (as admission),
+    #: and its timed run seconds (in run_s)
     resume: resume_cost.ResumeCost | None = None
     resume_s: float = 0.0
-    resume_busy: resume_cost.ResumeCost | None = None
 
     @property
     def hardware_s(self) -> float:
@@ -307,11 +304,10 @@ def measure_unit(
     compile_s, run_s = compile_s + context_spent[0], run_s + context_spent[1]
     if context is not None:
         profiles = {b: dataclasses.replace(p, kv_token_s=context.value) for b, p in profiles.items()}
-    resume, resume_busy, resume_spent = measure_resume(runner, target, tp, batch, profiles, want)
+    resume, resume_spent = measure_resume(runner, target, tp, batch, profiles, want)
     compile_s, run_s = compile_s + resume_spent[0], run_s + resume_spent[1]
     if resume is not None:
-        profiles = {b: dataclasses.replace(p, resume_s=resume.value, resume_busy_s=resume_busy.value)
-                    for b, p in profiles.items()}
+        profiles = {b: dataclasses.replace(p, resume_s=resume.value) for b, p in profiles.items()}
     noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict[b]}
     return UnitMeasurement(
         tp=tp, batch=batch, profiles=profiles, compile_s=compile_s, run_s=run_s, host=result.host,
@@ -319,7 +315,7 @@ def measure_unit(
         noisy=noisy, attempts=attempt, bucket_s={b: runs.cost.get(b, 0.0) for b in want},
         notes={b: "; ".join(v) for b, v in notes.items()}, rows=rows, rows_s=rows_spent[1],
         admission=admission, admission_s=admission_spent[1], context=context, context_s=context_spent[1],
-        resume=resume, resume_s=resume_spent[1], resume_busy=resume_busy,
+        resume=resume, resume_s=resume_spent[1],
     )
 
 
@@ -415,54 +411,34 @@ def measure_context_cost(runner: Runner, target: Target, tp: int, batch: int, pr
 
 
 def measure_resume(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
-                   buckets: Sequence[int]) -> tuple[resume_cost.ResumeCost | None, resume_cost.ResumeCost | None,
-                                                    tuple[float, float]]:
-    """What a decode run costs after a served admission beyond its steps (lens.resume): after one that found the
-    device idle, measured in the smallest token-generation bucket that holds its requests, and after one that
-    stopped a running decode, in the smallest window that holds a carrier; and their (compile, run) seconds.
+                   buckets: Sequence[int]) -> tuple[resume_cost.ResumeCost | None, tuple[float, float]]:
+    """What a decode run costs after a served admission beyond its steps (lens.resume), measured in the smallest
+    token-generation bucket that holds its requests, and its (compile, run) seconds.
 
     None (nothing measured) where ``measure_admission`` measures nothing (only served runs compose it), for a
     target that is not served continuously (its lone requests run one after another, each finding the device
     idle: on the simulated fleet at batch 2 that costs about as much device time as the buckets' probes, which
     a static search would pay for nothing) or where no bucket's window holds ``resume_cost.LONG`` decode steps.
-    A runner that fails it leaves 0, with the reason. Where the busy pass's is not measured (a batch of one, no
-    window holds a carrier, a runner that fails that call) it is the idle one's value, with the reason.
+    A runner that fails it leaves 0, with the reason.
     """
     if target.batching != "static" or "continuous" not in runner.modes or target.serving != "continuous":
-        return None, None, (0.0, 0.0)
+        return None, (0.0, 0.0)
     bk = tuple(sorted(buckets))
     chosen = resume_cost.pick(profiles, bk, target.bucket_policy)
     if chosen is None:
-        return None, None, (0.0, 0.0)
+        return None, (0.0, 0.0)
     p, prompt = chosen
     ctx = profiles[bk[int(select_index([prompt], bk, target.bucket_policy)[0])]]
     cand = Candidate(tp, batch, bk, bk)
-    busy = resume_cost.busy_plan(profiles, bk, target.bucket_policy, batch=batch)
-    why = "" if busy is not None else "a batch of one has no free slot while a request decodes" if batch < 2 \
-        else "no measured window holds a carrier request"
-    rounds, busy_rounds, spent = [], [], [0.0, 0.0]
-
-    def timed(requests):
-        run = runner.run_workload(cand, requests, mode="continuous")
-        spent[0] += run.compile_s
-        spent[1] += run.run_s
-        return run
-
+    rounds, spent = [], [0.0, 0.0]
     try:
         for _ in range(resume_cost.ROUNDS):
-            run = timed(resume_cost.workload(prompt, ttft_s=ctx.ttft_s, tbt_s=p.tbt_s))
+            run = runner.run_workload(cand, resume_cost.workload(prompt, ttft_s=ctx.ttft_s, tbt_s=p.tbt_s),
+                                      mode="continuous")
+            spent[0] += run.compile_s
+            spent[1] += run.run_s
             rounds.append(resume_cost.decode_times(run.ttft_s, run.e2e_s))
-            if busy is not None:
-                try:
-                    run = timed(busy.requests)
-                    busy_rounds.append(resume_cost.busy_decode_times(run.ttft_s, run.e2e_s, busy))
-                except (RunnerError, UserError) as exc:  # the idle one stands without it: one cost for both
-                    busy, why, busy_rounds = None, f"not measured ({one_line(exc)})", []
     except (RunnerError, UserError) as exc:  # the profiles stand without it
-        cost = resume_cost.ResumeCost(0.0, 0.0, 0.0, p.bucket, prompt, note=f"not measured ({one_line(exc)})")
-        return cost, dataclasses.replace(cost, bucket=0, prompt=0), tuple(spent)
-    idle = resume_cost.solve(rounds, p=p, prompt=prompt)
-    if busy is None:
-        return idle, resume_cost.ResumeCost(idle.value, 0.0, idle.value, note=f"{why}: priced as after an idle wait"), \
-            tuple(spent)
-    return idle, resume_cost.solve(busy_rounds, p=profiles[busy.bucket], prompt=busy.prompt), tuple(spent)
+        return (resume_cost.ResumeCost(0.0, 0.0, 0.0, p.bucket, prompt, note=f"not measured ({one_line(exc)})"),
+                tuple(spent))
+    return resume_cost.solve(rounds, p=p, prompt=prompt), tuple(spent)

@@ -76,11 +76,9 @@ class ProfileOutcome:
     #: seconds
     context: ContextCost | None = None
     context_s: float = 0.0
-    #: what a decode run costs after a served admission (lens.resume; None: not measured) that found the device
-    #: idle, their timed run seconds, and after one that stopped a running decode
+    #: what a decode run costs after a served admission (lens.resume; None: not measured) and its timed run seconds
     resume: ResumeCost | None = None
     resume_s: float = 0.0
-    resume_busy: ResumeCost | None = None
 
 
 class LeaseKeeper:
@@ -177,7 +175,7 @@ def profile_missing(
         wall_s=time.perf_counter() - t0, simulated=m.simulated, noisy=dict(m.noisy), waited_s=waited,
         bucket_s=dict(m.bucket_s), notes=dict(m.notes), rows=m.rows, rows_s=m.rows_s,
         admission=m.admission, admission_s=m.admission_s, context=m.context, context_s=m.context_s,
-        resume=m.resume, resume_s=m.resume_s, resume_busy=m.resume_busy,
+        resume=m.resume, resume_s=m.resume_s,
     )
 
 

@@ -169,7 +169,6 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "kv_token_s": f, "row_context": f,  # seconds per token; tokens (both finite, >= 0)
         "resume_s": off,  # seconds, of either sign (lens.resume bounds it at minus one step)
         "admit_busy_s": off,
-        "resume_busy_s": off,
     }
 
 
@@ -206,7 +205,7 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "ttft_err_s": p.ttft_err_s, "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
         "row_s": p.row_s, "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
         "kv_token_s": p.kv_token_s, "row_context": p.row_context, "resume_s": p.resume_s,
-        "admit_busy_s": p.admit_busy_s, "resume_busy_s": p.resume_busy_s,
+        "admit_busy_s": p.admit_busy_s,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -233,7 +232,7 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         accepted=bool(r["accepted"]), row_s=float(r["row_s"]),
         admit_first_s=float(r["admit_first_s"]), admit_next_s=float(r["admit_next_s"]),
         kv_token_s=float(r["kv_token_s"]), row_context=float(r["row_context"]), resume_s=float(r["resume_s"]),
-        admit_busy_s=float(r["admit_busy_s"]), resume_busy_s=float(r["resume_busy_s"]),
+        admit_busy_s=float(r["admit_busy_s"]),
     )
 
 

@@ -14,18 +14,12 @@ REF = 2.0
 def prof(b, row_s=0.0, admit=(0.0, 0.0), kv=0.0, row_context=0.0, resume=0.0):
     return BucketProfile(bucket=b, ttft_s=TTFT[b], tbt_s=TBT[b], input_len=1, l1=1, l2=2, t1_s=0, t2_s=0,
                          repeats=1, spread=0, row_s=row_s, admit_first_s=admit[0], admit_next_s=admit[1],
-                         kv_token_s=kv, row_context=row_context, resume_s=resumes(resume)[0], admit_busy_s=busy(admit),
-                         resume_busy_s=resumes(resume)[1])
+                         kv_token_s=kv, row_context=row_context, resume_s=resume, admit_busy_s=busy(admit))
 
 
 def busy(admit):
     """A busy pass's first prompt's offset: ``admit[2]``, or the idle pass's ``admit[0]`` when not given."""
     return admit[2] if len(admit) > 2 else admit[0]
-
-
-def resumes(resume):
-    """(after an idle pass, after a busy one) from ``resume``: a pair, or one number for both."""
-    return tuple(resume) if isinstance(resume, tuple) else (resume, resume)
 
 
 def table(batch, policy="exclusive", prefill="sequential", row_s=0.0, admit=(0.0, 0.0), kv=0.0, row_context=0.0,
@@ -35,8 +29,7 @@ def table(batch, policy="exclusive", prefill="sequential", row_s=0.0, admit=(0.0
     and each further one's cost against TTFT, and a busy pass's first prompt's (lens.admission; the first's
     when not given); ``kv``: seconds per context token of a live row
     per step (lens.context_cost), ``row_context``: the row cost's measured row's mean context; ``resume``: what
-    the first decode run after a pass costs beyond its steps (lens.resume): one number, or (after a pass that
-    found the device idle, after one that did not)."""
+    the first decode run after a pass costs beyond its steps (lens.resume)."""
     cand = Candidate(tp=1, batch=batch, ctx_buckets=(8, 16), tkg_buckets=(8, 16))
     return UnitTable.build(cand, {b: prof(b, row_s, admit, kv, row_context, resume) for b in (8, 16)}, policy=policy,
                            prefill=prefill)

@@ -280,56 +280,22 @@ def test_a_stack_whose_decode_resumes_slowly_is_measured_and_a_steady_one_shows_
     assert r is not None and r.bucket == BUCKETS[0] and r.prompt == 1 and m.resume_s > 0 and r.err > 0, r
     assert abs(r.value) < 0.5 * m.profiles[BUCKETS[0]].tbt_s, r  # nothing of the size of a step
     assert {p.resume_s for p in m.profiles.values()} == {r.value}
-    # after a pass during a decode: its carriers decode in the smallest window that holds them
-    rb = m.resume_busy
-    assert rb is not None and rb.bucket == BUCKETS[0] and abs(rb.value) < 0.5 * m.profiles[BUCKETS[0]].tbt_s, rb
-    assert {p.resume_busy_s for p in m.profiles.values()} == {rb.value}
-    # a stack that pays 40 ms whenever its decode resumes after a prefill that woke it from an idle wait, and
-    # 10 ms after one that stopped a running decode (each request of either call resumes once, after its own
-    # pass): both measured through the runner, kept in every profile
+    # a stack that pays 40 ms whenever its decode resumes after a prefill (every request of the measurement
+    # is alone: it resumes once per request): measured through the runner, kept in every profile
     runner = get_runner(served)
     plain = runner.run_workload
 
     def slow_resume(cand, requests, *, mode="static"):
         run = plain(cand, requests, mode=mode)
         if mode == "continuous":
-            arr = requests.arrival_s
-            end = arr + run.e2e_s
-            busy = np.array([np.any((arr < a) & (end > a)) for a in arr])  # another request live at its arrival
-            run = dataclasses.replace(run, e2e_s=run.e2e_s + np.where(requests.output_len > 1,
-                                                                      np.where(busy, 0.01, 0.04), 0.0))
+            run = dataclasses.replace(run, e2e_s=run.e2e_s + np.where(requests.output_len > 1, 0.04, 0.0))
         return run
 
     runner.run_workload = slow_resume
     m = measure_unit(served, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings(),
                      runner=runner)
     assert m.resume.value == pytest.approx(0.04, abs=3 * m.resume.err) and m.resume.note == "", m.resume
-    rb = m.resume_busy
-    assert rb.value == pytest.approx(0.01, abs=3 * rb.err + 1e-9) and rb.note == "", rb
-    assert {(p.resume_s, p.resume_busy_s) for p in m.profiles.values()} == {(m.resume.value, rb.value)}
-    # a batch of one has no free slot while a request decodes: priced as after an idle wait, and said so
-    m = measure_unit(served, tp=1, batch=1, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings(),
-                     runner=runner)
-    assert m.resume_busy.value == m.resume.value and "batch of one" in m.resume_busy.note, m.resume_busy
-    assert m.resume_busy.bucket == 0 and {p.resume_busy_s for p in m.profiles.values()} == {m.resume.value}
-
-
-def test_a_runner_that_fails_the_busy_resume_call_keeps_the_idle_one_for_both():
-    served = dataclasses.replace(sim(), serving="continuous")
-    runner = get_runner(served)
-    plain = runner.run_workload
-
-    def no_carriers(cand, requests, *, mode="static"):
-        if requests.name.startswith("resume-busy"):
-            raise RunnerError("the engine serves at most 64 output tokens")
-        return plain(cand, requests, mode=mode)
-
-    runner.run_workload = no_carriers
-    m = measure_unit(served, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings(),
-                     runner=runner)
-    assert m.resume is not None and m.resume.bucket == BUCKETS[0] and "not measured" not in m.resume.note
-    rb = m.resume_busy
-    assert rb.value == m.resume.value and rb.bucket == 0 and "64 output tokens" in rb.note, rb
+    assert {p.resume_s for p in m.profiles.values()} == {m.resume.value}
 
 
 def test_resuming_is_measured_only_for_a_target_served_continuously():

@@ -11,7 +11,6 @@ import pytest
 from storekit import FP, V1_PROFILE_COLUMNS, V1_SQL, profile, put
 
 from store import APPLICATION_ID, SCHEMA_VERSION, ProfileCache
-from store.schema import ADDED_PROFILE_COLUMNS
 from store.migrate import legacy_spreads
 
 def _v1_row(bucket: int, raw1=(0.101, 0.100, 0.104), raw2=(0.352, 0.350, 0.349)) -> tuple:
@@ -61,7 +60,6 @@ def test_a_schema_1_cache_is_migrated_on_open_with_its_profiles_intact(tmp_path,
         assert p.kv_token_s == p.row_context == 0.0  # schema 6: TBT_b whatever the rows hold
         assert p.resume_s == 0.0  # schema 7: the decode resumes at its steady pace
         assert p.admit_busy_s == p.admit_first_s  # schema 8: one offset for both passes, as before
-        assert p.resume_busy_s == p.resume_s  # schema 9: one resume cost for both passes, as before
     # the spreads schema 2 adds are bootstrapped from the raw repeats kept by schema 1
     e1, e2 = legacy_spreads((0.101, 0.100, 0.104), (0.352, 0.350, 0.349), l1=2, l2=64, batch=4)
     assert e1 > 0 and e2 > 0
@@ -107,36 +105,21 @@ def test_a_schema_2_cache_keeps_its_failures_and_its_profiles_gain_their_spreads
     assert (p.ttft_err_s, p.tbt_err_s) == (pytest.approx(e1), pytest.approx(e2)) and p.accepted
     assert p.ttft_s == _v1_row(128)[4] and p.tbt_s == _v1_row(128)[5]
     con = sqlite3.connect(path)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
     con.close()
-
-
-def _reopened_as(tmp_path, version: int, profiles) -> dict:
-    """A cache of ``profiles`` taken back to schema ``version`` (the columns added after it dropped), then opened
-    (migrated) again: the unit's profiles as read."""
-    path = tmp_path / f"v{version}.sqlite"
-    with ProfileCache.open(path) as c:
-        put(c, profiles=profiles)
-    con = sqlite3.connect(path, isolation_level=None)
-    for added in range(SCHEMA_VERSION, version, -1):
-        for col in ADDED_PROFILE_COLUMNS[added]:
-            con.execute(f"ALTER TABLE profiles DROP COLUMN {col}")
-    con.execute(f"PRAGMA user_version = {version}")
-    con.execute(f"UPDATE meta SET value = '{version}' WHERE key = 'schema'")
-    con.close()
-    with ProfileCache.open(path, create=False) as c:
-        got = c.get_unit(FP, 2, 4)
-    assert sorted(got) == [128, 256]
-    return got
 
 
 def test_a_schema_7_cache_prices_a_busy_pass_as_its_idle_one(tmp_path):
     # schema 8 added admit_busy_s: a cache of before gets each profile's admit_first_s (one offset priced both)
-    got = _reopened_as(tmp_path, 7, [profile(b, admit_first_s=0.002, admit_next_s=-0.001) for b in (128, 256)])
+    path = tmp_path / "v7.sqlite"
+    with ProfileCache.open(path) as c:
+        put(c, profiles=[profile(b, admit_first_s=0.002, admit_next_s=-0.001) for b in (128, 256)])
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("ALTER TABLE profiles DROP COLUMN admit_busy_s")
+    con.execute("PRAGMA user_version = 7")
+    con.execute("UPDATE meta SET value = '7' WHERE key = 'schema'")
+    con.close()
+    with ProfileCache.open(path, create=False) as c:
+        got = c.get_unit(FP, 2, 4)
+    assert sorted(got) == [128, 256]
     assert all(p.admit_busy_s == 0.002 and p.admit_next_s == -0.001 for p in got.values())
-
-
-def test_a_schema_8_cache_prices_a_decode_after_a_busy_pass_as_after_an_idle_one(tmp_path):
-    # schema 9 added resume_busy_s: a cache of before gets each profile's resume_s (one cost priced both)
-    got = _reopened_as(tmp_path, 8, [profile(b, resume_s=0.004, admit_busy_s=0.001) for b in (128, 256)])
-    assert all(p.resume_busy_s == 0.004 and p.resume_s == 0.004 and p.admit_busy_s == 0.001 for p in got.values())
