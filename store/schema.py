@@ -25,6 +25,9 @@ A file of an older schema is brought to :data:`SCHEMA_VERSION` on open by the st
 - schema 7: what a decode run costs after a served admission beyond its steps
   (``resume_s``, ``lens.resume``); older profiles get 0 (the decode resumes at its steady
   pace).
+- schema 8: what a served pass that stops a running decode costs its first prompt
+  (``admit_busy_s``, ``lens.admission``); older profiles get their ``admit_first_s`` (one
+  offset priced both passes).
 """
 from __future__ import annotations
 
