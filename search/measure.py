@@ -377,13 +377,12 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profi
                     times += (admission_cost.busy_times(timed(busy.requests, "continuous").ttft_s, busy),)
                 except (RunnerError, UserError) as exc:  # the idle offsets stand without it: one for both passes
                     busy, why = None, f"a pass during a decode not measured ({one_line(exc)})"
-                    rounds = [r[:3] for r in rounds]
             rounds.append(times)
     except (RunnerError, UserError) as exc:  # the profiles stand without it
         return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"not measured ({one_line(exc)})"), tuple(spent)
+    # a round without busy times leaves the busy offset unmeasured (solve: the idle one prices both)
     cost = admission_cost.solve(rounds, p=p, burst=m)
-    return (dataclasses.replace(cost, note="; ".join(x for x in (cost.note, why) if x)) if why else cost), \
-        tuple(spent)
+    return dataclasses.replace(cost, note="; ".join(x for x in (cost.note, why) if x)), tuple(spent)
 
 
 def measure_context_cost(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
