@@ -192,7 +192,8 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
         resume, _ = measure_resume(runner, dataclasses.replace(target, serving="continuous"), tp, batch, profiles,
                                    buckets)
         if resume is not None:
-            profiles = {b: dataclasses.replace(p, resume_s=resume.value) for b, p in profiles.items()}
+            profiles = {b: dataclasses.replace(p, resume_s=resume.value, resume_idle=resume.by_idle)
+                        for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: resuming the decode: {resume.said()}", file=sys.stderr)
         cand = Candidate(tp, batch, buckets, buckets)
         table = UnitTable.build(cand, profiles, policy=target.bucket_policy)
@@ -215,7 +216,12 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
                 corr = summarize_serving_prediction(timed, predict_serving(side, timed, scheduler=sched), chips=tp)
                 # the same without the resume cost: what it changes, measured on the same runs
                 bare = summarize_serving_prediction(
-                    timed, predict_serving(dataclasses.replace(side, resume_s=0.0), timed, scheduler=sched), chips=tp)
+                    timed, predict_serving(dataclasses.replace(side, resume_s=0.0, resume_idle=()), timed,
+                                           scheduler=sched), chips=tp)
+                # the longest idle spell's resume cost after every pass, as before the idle spells were read
+                whole = summarize_serving_prediction(
+                    timed, predict_serving(dataclasses.replace(side, resume_idle=()), timed, scheduler=sched),
+                    chips=tp)
                 # and with one admission offset for every pass, idle or not (lens.admission before admit_busy_s)
                 one = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, admit_busy_s=side.admit_first_s), timed,
@@ -231,6 +237,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
                                  "error_%": err(pred[m], med), "drift": drift,
                                  "corrected_error_%": err(corr[m], med),
                                  "corrected_no_resume_%": err(bare[m], med),
+                                 "corrected_one_resume_%": err(whole[m], med),
                                  "corrected_one_admission_%": err(one[m], med)})
                 print(f"  done: tp{tp} b{batch} {wname} at {rate:.2f} req/s ({frac:g} x saturation {sat:.2f})",
                       file=sys.stderr, flush=True)
@@ -248,6 +255,8 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
               f"{r['drift']:6.3f} {r['corrected_error_%']:+6.1f}%")
     for key, what in (("error_%", "|error|"), ("corrected_error_%", "|error| corrected for drift"),
                       ("corrected_no_resume_%", "|error| corrected for drift, without the resume cost (lens.resume)"),
+                      ("corrected_one_resume_%", "|error| corrected for drift, one resume cost after every pass "
+                                                 "(the longest idle spell's)"),
                       ("corrected_one_admission_%", "|error| corrected for drift, one admission offset for idle and "
                                                     "busy passes")):
         errs = np.abs([r[key] for r in rows])

@@ -37,7 +37,7 @@ from .admission import unit_admission
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .context_cost import host_row_s, reference_context, unit_context_cost, unread_tbt_s
 from .errors import MissingProfiles, UserError
-from .resume import unit_resume
+from .resume import unit_by_idle, unit_resume
 from .rows import unit_row_s
 from .types import BATCHING, PREFILLS, BucketProfile, Candidate, Requests
 
@@ -80,6 +80,9 @@ class UnitTable:
     #: seconds added to the first prompt of a served pass that stops a running decode (``lens.admission``:
     #: ``admit_first_s`` is a pass's that finds the device idle; continuous serving only)
     admit_busy_s: float = 0.0
+    #: (idle seconds before a pass, what the first decode run after it costs) at each idle spell measured
+    #: (``lens.resume``; empty: ``resume_s`` after any pass)
+    resume_idle: tuple[tuple[float, float], ...] = ()
 
     @classmethod
     def build(
@@ -121,6 +124,7 @@ class UnitTable:
             row_context=row_context,
             resume_s=unit_resume([profiles[b] for b in tkg]),
             admit_busy_s=admit[2],
+            resume_idle=unit_by_idle([profiles[b] for b in tkg]),
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":

@@ -13,27 +13,39 @@ over about eight steps: a few milliseconds per pass, which the static profile do
 compose (served TPOT came out below the measured one in 23 of 24 rows of the jax serving
 benchmark, and the knee's queueing with it).
 
-``lens.serving`` adds ``resume_s`` to the first decode run after each pass that leaves a
-live row.
+What it costs depends on what the device did before the pass. On the jax runner it grows with
+the idle spell before it: lone requests in bucket 64 paid +0.8 and +1.9 ms after 4-6 ms idle,
++3.7 and +4.0 after 30 ms and +4.2 and +4.9 after 100 ms (batch 4 and 8, one diagnostic run),
+so a pass that comes while the device decodes pays little of what one after a long wait does
+(a host's caches and clocks going cold while it waits). ``lens.serving`` adds to the first
+decode run after each pass that leaves a live row the cost at the idle spell before the pass
+(``after_idle``): interpolated between the measured spells, the shortest one's for a pass that
+found the device busy (no spell shorter than it is measured), ``resume_s`` (the longest
+one's) for a pass after a longer one.
 
 The measurement, in the smallest measured token-generation bucket whose window holds a
 prompt and ``LONG`` decode steps after it (``pick``): ``ROUNDS`` served calls, each of
-``PAIRS`` pairs of lone requests (each arrives at an idle device and runs alone) of
-``SHORT`` and of ``LONG`` decode steps, alternating. A lone request's decode seconds (its
-E2E less its TTFT) are ``steps x step + resume``: per call,
+``GROUPS`` groups of lone requests of ``SHORT`` and of ``LONG`` decode steps, each arriving
+``IDLE`` seconds after the one before it is expected to end (with a slack: ``MARGIN``). A lone request's decode seconds
+(its E2E less its TTFT) are ``steps x step + resume``: per call and idle spell,
 
     resume = (LONG median(D_short) - SHORT median(D_long)) / (LONG - SHORT)
 
 the intercept of the two lengths. The served step is the slope of the same call, so a host
 slower than when it profiled moves both alike and leaves the intercept alone; ``SHORT`` is
-past the settling steps, so the slope is the steady step's. The estimate is the mean over
-the calls; its standard error the larger of what resampling each call's pairs gives and what
-the calls' disagreement gives (as ``lens.admission``). It is kept only beyond ``SIGMAS``
-standard errors (else 0: the decode resumes at its steady pace), and never below minus one
-steady step (a resumed run cannot skip a step).
+past the settling steps, so the slope is the steady step's. A request that arrived before
+the one ahead of it ended did not run alone and is left out; the spell each idle level had
+is the median of its requests' own (their arrival less the previous one's end). The
+estimate is the mean over the calls; its standard error the larger of what resampling each
+call's requests gives and what the calls' disagreement gives (as ``lens.admission``). The
+longest spell's is ``resume_s``, kept only beyond ``SIGMAS`` standard errors (else 0, and
+none at any spell: the decode resumes at its steady pace), and never below minus one steady
+step (a resumed run cannot skip a step); a shorter spell's is bounded by it and by the
+next longer one's (a device that waited less is not colder).
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -47,14 +59,20 @@ from .types import BucketProfile, Requests
 #: jax runner), the long far enough from it that the slope between them is the steady step's
 SHORT = 16
 LONG = 48
-#: pairs of lone requests per served call, and served calls: the calls' disagreement shows a host that drifts
-#: between them (as lens.admission's rounds), and on the jax runner two calls disagreed by 5-12 ms on an effect
-#: of 10-17 ms, which three tell apart from none more often
-PAIRS = 8
+#: the idle spells before the lone requests, in seconds after the one before is expected to end (``MARGIN``):
+#: about what a pass that follows a decode's end finds, a short wait and a long one
+IDLE = (0.001, 0.03, 0.1)
+#: groups of lone requests (each a short and a long one at every idle spell) per served call, and served calls:
+#: the calls' disagreement shows a host that drifts between them (as lens.admission's rounds), and on the jax
+#: runner two calls disagreed by 5-12 ms on an effect of 10-17 ms, which three tell apart from none more often
+GROUPS = 8
 ROUNDS = 3
-#: each lone request arrives this many times its predecessor's expected seconds after it, so that it finds the
-#: device idle on a host up to that much slower than when it profiled
-GAP = 1.5
+#: a request is expected to end its profile's seconds after it arrives, plus a slack of this share of a long
+#: request's (the same after either length, so that a short and a long request wait alike): the shortest spell's
+#: requests find the device idle on a host up to that much slower than when it profiled (the others later)
+MARGIN = 0.1
+#: the fewest lone requests of each length an idle spell needs in a call to be read there
+LEAST = 3
 #: kept only beyond this many standard errors (as lens.rows, lens.admission and lens.context_cost)
 SIGMAS = 3.0
 
@@ -75,6 +93,9 @@ class ResumeCost:
     step_s: float = 0.0
     #: why ``value`` is not ``raw`` ("" when it is)
     note: str = ""
+    #: (idle seconds before the pass, seconds) at each idle spell read, shortest first, as kept (empty: ``value``
+    #: after any pass)
+    by_idle: tuple[tuple[float, float], ...] = ()
 
     def said(self) -> str:
         """One line for the profile output."""
@@ -83,12 +104,38 @@ class ResumeCost:
             if self.bucket else ""
         if self.note:
             return f"{kept}{where}: {self.note}"
-        return f"{kept} (+- {self.err * 1e3:.3f}){where}"
+        spells = "" if not self.by_idle else "; after an idle spell of " + ", ".join(
+            f"{i * 1e3:.0f} ms {c * 1e3:+.2f}" for i, c in self.by_idle) + " ms"
+        return f"{kept} (+- {self.err * 1e3:.3f}){where}{spells}"
 
 
 def unit_resume(profiles: Sequence[BucketProfile]) -> float:
     """A unit's ``resume_s`` from its profiles: their median (one measurement gives them all the same); 0 without."""
     return float(np.median([p.resume_s for p in profiles])) if profiles else 0.0
+
+
+def unit_by_idle(profiles: Sequence[BucketProfile]) -> tuple[tuple[float, float], ...]:
+    """A unit's ``resume_idle`` from its profiles (one measurement gives them all the same); () without."""
+    return next((p.resume_idle for p in profiles if p.resume_idle), ())
+
+
+def curve(resume_s: float, by_idle: Sequence[tuple[float, float]] = ()) -> tuple[list[float], list[float]]:
+    """(idle spells, costs) for ``after_idle``: the measured ones, or ``resume_s`` after any spell without them."""
+    if not by_idle:
+        return [0.0], [resume_s]
+    return [float(i) for i, _ in by_idle], [float(c) for _, c in by_idle]
+
+
+def after_idle(idle_s: float, spells: list[float], costs: list[float]) -> float:
+    """What the first decode run after a pass costs beyond its steps when the device sat idle ``idle_s`` before
+    it (0: it was busy): ``costs`` interpolated over ``spells`` (``curve``), flat beyond either end."""
+    if idle_s <= spells[0]:
+        return costs[0]
+    if idle_s >= spells[-1]:
+        return costs[-1]
+    j = bisect.bisect_right(spells, idle_s)
+    w = (idle_s - spells[j - 1]) / (spells[j] - spells[j - 1])
+    return costs[j - 1] + w * (costs[j] - costs[j - 1])
 
 
 def pick(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], policy: str) -> tuple[BucketProfile, int] | None:
@@ -98,21 +145,38 @@ def pick(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], policy: 
     return None if found is None else (profiles[found[0]], found[1])
 
 
-def workload(prompt: int, *, ttft_s: float, tbt_s: float, pairs: int = PAIRS) -> Requests:
-    """``pairs`` pairs of lone requests of ``prompt`` tokens, ``SHORT`` then ``LONG`` decode steps, each arriving
-    at an idle device (``ttft_s``, ``tbt_s``: the profile's prefill and step, for the gap)."""
-    n = 2 * pairs
-    lout = np.tile(np.asarray([SHORT + 1, LONG + 1], dtype=np.int64), pairs)
-    gaps = GAP * (max(ttft_s, 0.0) + (lout - 1) * max(tbt_s, 0.0)) + 1e-3
-    arrival = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
-    return Requests(np.full(n, prompt, np.int64), lout, arrival, name="resume-cost")
+def workload(prompt: int, *, ttft_s: float, tbt_s: float, groups: int = GROUPS) -> Requests:
+    """``groups`` groups of lone requests of ``prompt`` tokens: at each ``IDLE`` spell one of ``SHORT`` and one of
+    ``LONG`` decode steps, each arriving that spell after the one before is expected to end (``ttft_s``, ``tbt_s``:
+    the profile's prefill and step)."""
+    lout = np.tile(np.asarray([SHORT + 1, LONG + 1], dtype=np.int64), groups * len(IDLE))
+    idle = np.tile(np.repeat(np.asarray(IDLE), 2), groups)
+    ttft_s, tbt_s = max(ttft_s, 0.0), max(tbt_s, 0.0)
+    ends = ttft_s + (lout - 1) * tbt_s + MARGIN * (ttft_s + LONG * tbt_s)
+    arrival = np.concatenate([[0.0], np.cumsum(ends[:-1] + idle[1:])])
+    return Requests(np.full(lout.size, prompt, np.int64), lout, arrival, name="resume-cost")
 
 
-def decode_times(ttft_s: Sequence[float], e2e_s: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    """The short and the long requests' decode seconds in ``workload``'s run (E2E - TTFT), one of each per pair."""
-    d = np.asarray(e2e_s, dtype=float) - np.asarray(ttft_s, dtype=float)
-    d = d[: d.size // 2 * 2]
-    return d[0::2], d[1::2]
+@dataclass(frozen=True)
+class LoneRuns:
+    """One served call of ``workload``: per request its idle spell's index in ``IDLE``, its decode steps, its
+    decode seconds (E2E - TTFT) and the idle seconds before it (<= 0: it arrived before the one ahead ended)."""
+
+    level: np.ndarray
+    steps: np.ndarray
+    decode_s: np.ndarray
+    idle_s: np.ndarray
+
+
+def lone_runs(requests: Requests, ttft_s: Sequence[float], e2e_s: Sequence[float]) -> LoneRuns:
+    """``workload``'s served call as ``LoneRuns`` (the first request's spell: infinite, a run starts idle)."""
+    arr = np.asarray(requests.arrival_s, dtype=float)
+    e2e = np.asarray(e2e_s, dtype=float)
+    n = arr.size
+    idle = np.concatenate([[np.inf], arr[1:] - (arr[:-1] + e2e[:-1])])
+    level = np.tile(np.repeat(np.arange(len(IDLE)), 2), n // (2 * len(IDLE)) + 1)[:n]
+    return LoneRuns(level, np.asarray(requests.output_len[:n], dtype=np.int64) - 1, e2e - np.asarray(ttft_s, float),
+                    idle)
 
 
 def intercept(d_short: np.ndarray, d_long: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
@@ -121,23 +185,34 @@ def intercept(d_short: np.ndarray, d_long: np.ndarray, axis: int = -1) -> tuple[
     return (LONG * ms - SHORT * ml) / (LONG - SHORT), (ml - ms) / (LONG - SHORT)
 
 
-def solve(rounds: Sequence[tuple[np.ndarray, np.ndarray]], *, p: BucketProfile, prompt: int,
-          draws: int = DRAWS, seed: int = SEED) -> ResumeCost:
-    """``resume_s`` from ``rounds`` of (short, long) decode seconds, one tuple per served call."""
-    rounds = [(np.asarray(s, dtype=float), np.asarray(lg, dtype=float)) for s, lg in rounds]
-    rounds = [(s, lg) for s, lg in rounds if s.size and s.size == lg.size]
-    if not rounds:
-        return ResumeCost(0.0, 0.0, 0.0, p.bucket, prompt, note="no whole pair was run")
-    rng = np.random.default_rng(seed)
-    per, boot, steps = [], [], []
-    for s, lg in rounds:
-        r, st = intercept(s, lg)
-        per.append(float(r))
+def _spell(rounds: Sequence[LoneRuns], level: int, rng, draws: int):
+    """(raw, err, step, idle seconds) at one idle spell over the calls that ran enough of it alone; None if none."""
+    per, boot, steps, idle = [], [], [], []
+    for r in rounds:
+        m = (r.level == level) & (r.idle_s > 0)
+        s, lg = r.decode_s[m & (r.steps == SHORT)], r.decode_s[m & (r.steps == LONG)]
+        if min(s.size, lg.size) < LEAST:
+            continue
+        c, st = intercept(s, lg)
+        per.append(float(c))
         steps.append(float(st))
-        idx = rng.integers(0, s.size, size=(draws, s.size))  # pairs drawn whole: a slow minute stays paired
-        boot.append(intercept(s[idx], lg[idx], axis=1)[0])
+        idle.append(float(np.median(r.idle_s[m])))
+        boot.append(intercept(s[rng.integers(0, s.size, size=(draws, s.size))],
+                              lg[rng.integers(0, lg.size, size=(draws, lg.size))], axis=1)[0])
+    if not per:
+        return None
     raw, err = rounds_estimate(per, boot)
-    step = float(np.mean(steps))
+    return raw, err, float(np.mean(steps)), float(np.median(idle))
+
+
+def solve(rounds: Sequence[LoneRuns], *, p: BucketProfile, prompt: int, draws: int = DRAWS,
+          seed: int = SEED) -> ResumeCost:
+    """``resume_s``, and the cost at each idle spell, from ``rounds`` of ``lone_runs``, one per served call."""
+    rng = np.random.default_rng(seed)
+    spells = [_spell(rounds, lv, rng, draws) for lv in range(len(IDLE))]
+    if spells[-1] is None:
+        return ResumeCost(0.0, 0.0, 0.0, p.bucket, prompt, note="no lone request ran after the longest idle spell")
+    raw, err, step, _ = spells[-1]
     if abs(raw) <= SIGMAS * err:
         return ResumeCost(0.0, err, raw, p.bucket, prompt, step,
                           f"{raw * 1e3:+.3f} ms +- {err * 1e3:.3f}: within {SIGMAS:g} standard errors of none, none "
@@ -146,4 +221,8 @@ def solve(rounds: Sequence[tuple[np.ndarray, np.ndarray]], *, p: BucketProfile, 
     if raw < floor:
         return ResumeCost(floor, err, raw, p.bucket, prompt, step,
                           f"measured {raw * 1e3:+.3f} ms, bounded at minus one step (a resumed run cannot skip one)")
-    return ResumeCost(raw, err, raw, p.bucket, prompt, step)
+    read = [(idle, c) for (c, _, _, idle) in (x for x in spells if x is not None)]
+    read.sort()
+    costs = np.minimum.accumulate(np.maximum([c for _, c in read], floor)[::-1])[::-1]  # a colder device pays more
+    return ResumeCost(raw, err, raw, p.bucket, prompt, step,
+                      by_idle=tuple((float(i), float(c)) for (i, _), c in zip(read, costs)))

@@ -15,7 +15,9 @@ to cost against its static profile: ``lens.admission``).
 On a unit whose decode kernel reads only the rows' own KV (``kv_token_s`` > 0,
 ``lens.context_cost``) a step costs TBT_b less what the probes' rows read, plus what the
 live rows read at their contexts. The first decode run after a pass that leaves a live row
-costs ``resume_s`` more (what resuming the decode after a prefill costs: ``lens.resume``).
+costs what resuming the decode after a prefill costs (``lens.resume``) at the idle spell
+before the pass: 0 s for a pass that finds the device busy, ``resume_s`` when none were
+measured apart.
 
 Between two events (an admission, a completion) the live set is fixed and the longest
 context grows by one per step, so a run of k steps costs C(c + k) - C(c) with C the prefix
@@ -26,6 +28,7 @@ and never steps decode iterations one by one.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +36,7 @@ import numpy as np
 from .buckets import select_index
 from .compose import UnitTable, check_fit
 from .errors import UserError
+from .resume import after_idle, curve
 from .types import Requests, Scheduler
 
 #: slack when comparing the device clock with an arrival (the clock is a sum of floats)
@@ -109,7 +113,8 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         _context_prefix(table, table.tkg_buckets.astype(float)),
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
         batched=table.prefill == "batched", row_s=row_s,
-        admit=(table.admit_first_s, table.admit_next_s, table.admit_busy_s), kv=kv, resume=table.resume_s,
+        admit=(table.admit_first_s, table.admit_next_s, table.admit_busy_s), kv=kv,
+        resume=curve(table.resume_s, table.resume_idle),
     )
     out = [np.empty(n) for _ in range(3)]
     for dst, src in zip(out, (start, first, finish)):
@@ -130,7 +135,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
 
 def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
                 row_s: float = 0.0, admit: tuple[float, float, float] = (0.0, 0.0, 0.0), kv: float = 0.0,
-                resume: float = 0.0):
+                resume: tuple[list[float], list[float]] = ([0.0], [0.0])):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
     ``ci``: each request's context-encoding bucket index; ``ttft``: TTFT_b per bucket (one
@@ -139,8 +144,8 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     added to the first prompt of a pass that finds the device idle, to each further one, and to the first
     of a pass that does not (``lens.admission``; a batched pass is one call: a first only); ``kv``: seconds
     per context token of each live row per step (``lens.context_cost``; ``cum`` then holds TBT_b less the
-    probes' reads, and ``row_s`` the host's part of the row cost); ``resume``: seconds the first decode run
-    after a pass costs beyond its steps (``lens.resume``).
+    probes' reads, and ``row_s`` the host's part of the row cost); ``resume``: (idle spells, seconds) the first decode
+    run after a pass costs beyond its steps by the idle spell before the pass (``lens.resume.curve``).
     Returns per-request admission, first-token and last-token times, the number of decode
     steps, the busy seconds, the KV positions the decode steps computed (for padding) and
     the bucket index of every batched prefill call.
@@ -160,6 +165,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     sb = 0  # sum of the live requests' bases: their contexts at global step s sum to sb + nlive s
     busy = slot_tokens = 0.0
     pending = 0.0  # the resume cost the next decode run pays (a pass has stopped the decode since the last one)
+    spell = math.inf  # the idle seconds before the next pass (a run starts idle; 0: the device is busy)
     idled = True  # the device has waited for an arrival since its last pass (a run starts idle)
     searchsorted = np.searchsorted
 
@@ -208,11 +214,14 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 heapq.heappush(ends, (g + lout_l[i] - 1, i))
                 heapq.heappush(bases, (g - lin_l[i], i))
                 sb += lin_l[i] - g
-            pending = resume  # the decode resumes after this pass (no live row: no decode, and it is dropped below)
+            # the decode resumes after this pass (no live row: no decode, and it is dropped below)
+            pending = after_idle(spell if idled else 0.0, *resume)
             idled = False
         if not nlive:
             pending = 0.0
             if qi < n and arr_l[qi] > t:
+                if qi:  # (before the first pass the device has waited for as long as it likes)
+                    spell = arr_l[qi] - t
                 t = arr_l[qi]  # idle until the next arrival
                 idled = True
             continue

@@ -267,6 +267,9 @@ class BucketProfile:
     #: the unit's served admissions against ``ttft_s`` (lens.admission): seconds added to the first prompt of a pass
     #: that stops a running decode (``admit_first_s`` prices a pass that finds the device idle)
     admit_busy_s: float = 0.0
+    #: (idle seconds before a served pass, seconds the first decode run after it costs beyond its steps) at each
+    #: idle spell measured, shortest first (lens.resume; empty: ``resume_s`` after any pass)
+    resume_idle: tuple[tuple[float, float], ...] = ()
 
     @property
     def rel_err(self) -> float:

@@ -111,7 +111,8 @@ def cmd_profile(args) -> int:
                                   "source": p.source, "run_s": out.bucket_s.get(b), "row_s": p.row_s,
                                   "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
                                   "kv_token_s": p.kv_token_s, "row_context": p.row_context,
-                                  "resume_s": p.resume_s, "admit_busy_s": p.admit_busy_s}
+                                  "resume_s": p.resume_s, "admit_busy_s": p.admit_busy_s,
+                                  "resume_idle": [list(x) for x in p.resume_idle]}
                          for b, p in profiles.items()},
             "row_cost": None if out.rows is None else {
                 "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,
@@ -130,6 +131,7 @@ def cmd_profile(args) -> int:
             "resume_cost": None if out.resume is None else {
                 "resume_s": out.resume.value, "err_s": out.resume.err, "raw_s": out.resume.raw,
                 "bucket": out.resume.bucket, "prompt": out.resume.prompt, "step_s": out.resume.step_s,
+                "by_idle": [{"idle_s": i, "resume_s": c} for i, c in out.resume.by_idle],
                 "note": out.resume.note, "run_s": out.resume_s},
             "noisy": {str(b): why for b, why in out.noisy.items()},
             "notes": {str(b): why for b, why in out.notes.items()},

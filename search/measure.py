@@ -35,8 +35,9 @@ for the search); the caller stores what it returns, whole, in one transaction.
    kept in every profile (``kv_token_s``, with the row cost's measured context,
    ``row_context``). Only where the unit may be served continuously, as 7.
 9. What a decode run costs after a served admission beyond its steps (``lens.resume``):
-   served calls of lone requests of two output lengths in the smallest token-generation
-   bucket that holds them; kept in every profile (``resume_s``). Only as 7, and only for a
+   served calls of lone requests of two output lengths after three idle spells, in the
+   smallest token-generation bucket that holds them; kept in every profile (``resume_s``, the
+   longest spell's, and ``resume_idle``, the cost at each spell). Only as 7, and only for a
    target served continuously (``[target] serving``): it costs device time a static search
    would never use.
 """
@@ -307,7 +308,8 @@ def measure_unit(
     resume, resume_spent = measure_resume(runner, target, tp, batch, profiles, want)
     compile_s, run_s = compile_s + resume_spent[0], run_s + resume_spent[1]
     if resume is not None:
-        profiles = {b: dataclasses.replace(p, resume_s=resume.value) for b, p in profiles.items()}
+        profiles = {b: dataclasses.replace(p, resume_s=resume.value, resume_idle=resume.by_idle)
+                    for b, p in profiles.items()}
     noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict[b]}
     return UnitMeasurement(
         tp=tp, batch=batch, profiles=profiles, compile_s=compile_s, run_s=run_s, host=result.host,
@@ -432,11 +434,11 @@ def measure_resume(runner: Runner, target: Target, tp: int, batch: int, profiles
     rounds, spent = [], [0.0, 0.0]
     try:
         for _ in range(resume_cost.ROUNDS):
-            run = runner.run_workload(cand, resume_cost.workload(prompt, ttft_s=ctx.ttft_s, tbt_s=p.tbt_s),
-                                      mode="continuous")
+            lone = resume_cost.workload(prompt, ttft_s=ctx.ttft_s, tbt_s=p.tbt_s)
+            run = runner.run_workload(cand, lone, mode="continuous")
             spent[0] += run.compile_s
             spent[1] += run.run_s
-            rounds.append(resume_cost.decode_times(run.ttft_s, run.e2e_s))
+            rounds.append(resume_cost.lone_runs(lone, run.ttft_s, run.e2e_s))
     except (RunnerError, UserError) as exc:  # the profiles stand without it
         return (resume_cost.ResumeCost(0.0, 0.0, 0.0, p.bucket, prompt, note=f"not measured ({one_line(exc)})"),
                 tuple(spent))

@@ -41,7 +41,9 @@ def fill_added(row: Mapping[str, Any], prefill: str = PREFILLS[0]) -> dict[str, 
             "admit_first_s": 0.0, "admit_next_s": 0.0, "kv_token_s": 0.0, "row_context": 0.0,
             "resume_s": 0.0,
             # schema 8: a busy pass's first prompt was priced as an idle pass's (one offset for both)
-            "admit_busy_s": row.get("admit_first_s", 0.0)}
+            "admit_busy_s": row.get("admit_first_s", 0.0),
+            # schema 9: one resume cost after any pass, whatever the idle spell before it
+            "resume_idle": "[]"}
 
 
 def spreads_from_raw(con: sqlite3.Connection) -> None:

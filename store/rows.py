@@ -112,27 +112,48 @@ def _bool(v: Any, *, text: bool) -> int:
     raise BadValue(f"{v!r} is not 0/1 or true/false")
 
 
-def _times_json(v: Any, *, text: bool) -> str:
-    """A JSON list of non-negative finite seconds, re-serialised canonically."""
+def _json_list(v: Any, *, text: bool, what: str) -> list:
+    """The items of a JSON list given as text, or of a list/tuple given as is."""
     if v is None:
         raise BadValue("missing value")
     if text or isinstance(v, str):
         try:
             items = json.loads(v)
         except (TypeError, ValueError):
-            raise BadValue(f"{v!r} is not a JSON list of seconds") from None
+            raise BadValue(f"{v!r} is not a JSON list of {what}") from None
         if not isinstance(items, list):
-            raise BadValue(f"{v!r} is not a JSON list of seconds")
-    elif isinstance(v, (tuple, list)):
-        items = list(v)
-    else:
-        raise BadValue(f"{v!r} is not a list of seconds")
+            raise BadValue(f"{v!r} is not a JSON list of {what}")
+        return items
+    if isinstance(v, (tuple, list)):
+        return list(v)
+    raise BadValue(f"{v!r} is not a list of {what}")
+
+
+def _times_json(v: Any, *, text: bool) -> str:
+    """A JSON list of non-negative finite seconds, re-serialised canonically."""
     out = []
-    for x in items:
+    for x in _json_list(v, text=text, what="seconds"):
         try:
             out.append(as_seconds(x, text=False))
         except BadValue as exc:
             raise BadValue(f"element {x!r}: {exc}") from None
+    return json.dumps(out)
+
+
+def _idle_pairs_json(v: Any, *, text: bool) -> str:
+    """A JSON list of [idle seconds (finite, >= 0), seconds (finite, either sign)] pairs, idle spells increasing,
+    re-serialised canonically."""
+    out = []
+    for x in _json_list(v, text=text, what="[idle seconds, seconds] pairs"):
+        if not isinstance(x, (list, tuple)) or len(x) != 2:
+            raise BadValue(f"element {x!r} is not an [idle seconds, seconds] pair")
+        try:
+            pair = [as_seconds(x[0], text=False), as_offset(x[1], text=False)]
+        except BadValue as exc:
+            raise BadValue(f"element {x!r}: {exc}") from None
+        if out and pair[0] <= out[-1][0]:
+            raise BadValue(f"element {x!r}: idle spells must increase")
+        out.append(pair)
     return json.dumps(out)
 
 
@@ -169,6 +190,7 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "kv_token_s": f, "row_context": f,  # seconds per token; tokens (both finite, >= 0)
         "resume_s": off,  # seconds, of either sign (lens.resume bounds it at minus one step)
         "admit_busy_s": off,
+        "resume_idle": lambda v: _idle_pairs_json(v, text=text),  # [[idle seconds, seconds], ...] (lens.resume)
     }
 
 
@@ -205,7 +227,7 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "ttft_err_s": p.ttft_err_s, "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
         "row_s": p.row_s, "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
         "kv_token_s": p.kv_token_s, "row_context": p.row_context, "resume_s": p.resume_s,
-        "admit_busy_s": p.admit_busy_s,
+        "admit_busy_s": p.admit_busy_s, "resume_idle": p.resume_idle,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -233,6 +255,7 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         admit_first_s=float(r["admit_first_s"]), admit_next_s=float(r["admit_next_s"]),
         kv_token_s=float(r["kv_token_s"]), row_context=float(r["row_context"]), resume_s=float(r["resume_s"]),
         admit_busy_s=float(r["admit_busy_s"]),
+        resume_idle=tuple((float(i), float(c)) for i, c in json.loads(r["resume_idle"])),
     )
 
 

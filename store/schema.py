@@ -28,6 +28,10 @@ A file of an older schema is brought to :data:`SCHEMA_VERSION` on open by the st
 - schema 8: what a served pass that stops a running decode costs its first prompt
   (``admit_busy_s``, ``lens.admission``); older profiles get their ``admit_first_s`` (one
   offset priced both passes).
+- schema 9: what the first decode run after a served admission costs at each idle spell
+  before the pass (``resume_idle``, a JSON list of [idle seconds, seconds] pairs,
+  ``lens.resume``); older profiles get an empty list (``resume_s`` after any pass, as they
+  were composed).
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from typing import Callable
 #: "LENS" in ASCII: marks an SQLite file as a lensopt profile cache
 APPLICATION_ID = 0x4C454E53
 #: the schema this code reads and writes (``PRAGMA user_version``)
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: the first 16 bytes of every SQLite database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -55,15 +59,16 @@ PROFILE_COLUMNS = (
     "t1_s", "t2_s", "raw_t1", "raw_t2", "repeats", "spread", "runner", "host",
     "measured_at", "simulated", "source", "ttft_err_s", "tbt_err_s", "excess", "accepted", "row_s",
     "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s",
+    "resume_idle",
 )
 #: the columns each schema version added at the end of ``profiles`` (its migration adds them)
 ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted"), 4: ("row_s",),
                          5: ("admit_first_s", "admit_next_s"), 6: ("kv_token_s", "row_context"),
-                         7: ("resume_s",), 8: ("admit_busy_s",)}
+                         7: ("resume_s",), 8: ("admit_busy_s",), 9: ("resume_idle",)}
 #: the primary key of a profile: the first columns of :data:`PROFILE_COLUMNS`
 PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
 #: integer and real columns of ``profiles``; ``simulated`` is 0/1, the rest text
-#: (``raw_t1``/``raw_t2`` are JSON lists of seconds)
+#: (``raw_t1``/``raw_t2`` are JSON lists of seconds, ``resume_idle`` one of [idle seconds, seconds] pairs)
 INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats")
 FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at", "ttft_err_s", "tbt_err_s", "excess",
                  "row_s", "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s")
@@ -123,6 +128,7 @@ CREATE TABLE profiles (
     row_context REAL    NOT NULL DEFAULT 0,
     resume_s    REAL    NOT NULL DEFAULT 0,
     admit_busy_s REAL   NOT NULL DEFAULT 0,
+    resume_idle TEXT    NOT NULL DEFAULT '[]',
     PRIMARY KEY (fingerprint, tp, batch, bucket)
 );
 """
@@ -165,6 +171,7 @@ MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = 
     7: ("ALTER TABLE profiles ADD COLUMN resume_s REAL NOT NULL DEFAULT 0",),
     8: ("ALTER TABLE profiles ADD COLUMN admit_busy_s REAL NOT NULL DEFAULT 0",
         "UPDATE profiles SET admit_busy_s = admit_first_s"),
+    9: ("ALTER TABLE profiles ADD COLUMN resume_idle TEXT NOT NULL DEFAULT '[]'",),
 }
 #: the oldest schema a cache may have and still be opened (brought up to date)
 OLDEST_VERSION = 1

@@ -189,19 +189,45 @@ def test_each_pass_that_stops_the_decode_makes_its_next_decode_run_pay_the_resum
     close(run(2, [3, 3], [3, 2], [0.0, 1.55]).finish_s, [1.2, 2.65])
 
 
+def test_the_resume_cost_follows_the_idle_spell_before_the_pass():
+    # resume 0.5 after a long wait, 0.1 after 0.2 s or less, linear between 0.2 and 1.0 s. r0 (3 in, 3 out) at 0
+    # (a run starts idle: the longest spell's 0.5): prefill -> 1.0; 0.5 + 2 steps (0.1) -> 1.7
+    by_idle = ((0.2, 0.1), (1.0, 0.5))
+    p = predict_serving(table(2, resume=0.5, by_idle=by_idle), Requests([3, 3], [3, 3], np.array([0.0, 2.3])))
+    # r1 arrives 0.6 s after r0 ended: 0.1 + (0.6 - 0.2) / 0.8 x 0.4 = 0.3; prefill -> 3.3, 0.3 + 2 steps -> 3.8
+    close(p.finish_s, [1.7, 3.8])
+    # r1 arriving while r0 decodes: a busy pass pays the shortest spell's 0.1. r0's first run (0.5 + a step)
+    # ends at 1.6 (r1 arrived at 1.05); r1's prefill -> 2.6; 0.1 + a step for both (contexts 5 and 4) -> 2.8
+    p = predict_serving(table(2, resume=0.5, by_idle=by_idle), Requests([3, 3], [3, 2], np.array([0.0, 1.05])))
+    close(p.first_s, [1.0, 2.6])
+    close(p.finish_s, [2.8, 2.8])
+    # without the spells: 0.5 after any pass (r0's run 1.0 + 0.5 + 0.1, r1's prefill -> 2.6, 0.5 + a step)
+    p = predict_serving(table(2, resume=0.5), Requests([3, 3], [3, 2], np.array([0.0, 1.05])))
+    close(p.finish_s, [3.2, 3.2])
+
+
 def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", prefill="sequential", row_s=0.0,
-              admit=(0.0, 0.0), kv=0.0, row_context=0.0, resume=0.0):
+              admit=(0.0, 0.0), kv=0.0, row_context=0.0, resume=0.0, by_idle=()):
     """The machine of docs/serving.md stepped one decode iteration at a time (no jumps); a free slot
     saves ``row_s`` of every step; a pass's first prompt costs ``admit[0]`` more after the device idled (a run
     starts idle) and ``admit[2]`` (``admit[0]`` when not given) otherwise, each further one ``admit[1]``;
     with ``kv`` a step costs TBT less the probes' B rows' reads at context REF, plus each live row's at its own,
     and a free slot saves only the host's part of ``row_s`` (what is left beyond a row's reads at ``row_context``);
-    the first step after an iteration that prefilled anything costs ``resume`` more."""
+    the first step after an iteration that prefilled anything costs ``resume`` more, or with ``by_idle`` what its
+    (idle seconds, cost) pairs give, linear between, flat beyond, for the seconds the device waited idle before
+    that iteration (0 when it did not; a run starts idle for longer than any)."""
+
+    def resume_after(spell):
+        if not by_idle:
+            return resume
+        xs, ys = [x for x, _ in by_idle], [y for _, y in by_idle]
+        return float(np.interp(spell, xs, ys))
+
     n = len(lin)
     order = sorted(range(n), key=lambda i: (arr[i], i))
     first, finish = [None] * n, [None] * n
     slots = {}  # request -> decode steps done
-    t, q, idled = 0.0, 0, True
+    t, q, idled, spell = 0.0, 0, True, math.inf
     first_cost = (admit[0], busy(admit))  # after an idle spell, and not
     while any(f is None for f in finish):
         horizon, k = t, 0
@@ -228,14 +254,16 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
                 finish[i] = t
             else:
                 slots[i] = 0
+        was_idle = idled
         if took or k:
             idled = False
         if not slots:
             if q < n and arr[order[q]] > t:
+                spell = arr[order[q]] - t if q else math.inf
                 t, idled = arr[order[q]], True
             continue
         if took or k:
-            t += resume
+            t += resume_after(spell if was_idle else 0.0)
         longest = max(lin[i] + s + 1 for i, s in slots.items())
         host = max(row_s - kv * row_context, 0.0)
         reads = sum(lin[i] + s + 1 for i, s in slots.items())
@@ -248,15 +276,18 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
     return np.asarray(first), np.asarray(finish)
 
 
-@pytest.mark.parametrize("row_s, admit, kv, resume", [(0.0, (0.0, 0.0), 0.0, 0.0), (0.02, (0.0, 0.0), 0.0, 0.0),
-                                                      (0.0, (0.3, -0.1), 0.0, 0.0), (0.02, (0.0, 0.0), 0.003, 0.0),
-                                                      (0.0, (0.3, -0.1), 0.001, 0.0), (0.0, (0.0, 0.0), 0.0, 0.25),
-                                                      (0.02, (0.3, -0.1), 0.001, 0.07),
-                                                      (0.0, (0.3, -0.1, -0.2), 0.0, 0.0),
-                                                      (0.02, (0.3, 0.1, 0.05), 0.001, 0.07)])
+@pytest.mark.parametrize("row_s, admit, kv, resume, by_idle", [
+    (0.0, (0.0, 0.0), 0.0, 0.0, ()), (0.02, (0.0, 0.0), 0.0, 0.0, ()), (0.0, (0.3, -0.1), 0.0, 0.0, ()),
+    (0.02, (0.0, 0.0), 0.003, 0.0, ()), (0.0, (0.3, -0.1), 0.001, 0.0, ()), (0.0, (0.0, 0.0), 0.0, 0.25, ()),
+    (0.02, (0.3, -0.1), 0.001, 0.07, ()), (0.0, (0.3, -0.1, -0.2), 0.0, 0.0, ()),
+    (0.02, (0.3, 0.1, 0.05), 0.001, 0.07, ()),
+    # the resume cost by the idle spell before the pass: a busy pass pays the shortest spell's
+    (0.0, (0.0, 0.0), 0.0, 0.25, ((0.01, 0.05), (0.3, 0.15), (1.0, 0.25))),
+    (0.02, (0.3, 0.1, 0.05), 0.001, 0.07, ((0.05, 0.01), (2.0, 0.07))),
+])
 @pytest.mark.parametrize("prefill", ["sequential", "batched"])
 @pytest.mark.parametrize("seed", range(12))
-def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit, kv, resume):
+def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit, kv, resume, by_idle):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 40))
     batch = int(rng.integers(1, 5))
@@ -267,12 +298,12 @@ def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit,
     eager = bool(rng.integers(0, 2))
     row_context = 4.0 if kv else 0.0
     p = predict_serving(table(batch, prefill=prefill, row_s=row_s, admit=admit, kv=kv, row_context=row_context,
-                              resume=resume),
+                              resume=resume, by_idle=by_idle),
                         Requests(lin, lout, arr),
                         scheduler=Scheduler(max_prefills=cap, prefill_priority="prefill" if eager else "decode"))
     first, finish = reference(batch, lin.tolist(), lout.tolist(), arr.tolist(), cap=cap, eager=eager,
                               prefill=prefill, row_s=row_s, admit=admit, kv=kv, row_context=row_context,
-                              resume=resume)
+                              resume=resume, by_idle=by_idle)
     np.testing.assert_allclose(p.first_s, first, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(p.finish_s, finish, rtol=1e-9, atol=1e-9)
 
