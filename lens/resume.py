@@ -26,8 +26,9 @@ one's) for a pass after a longer one.
 The measurement, in the smallest measured token-generation bucket whose window holds a
 prompt and ``LONG`` decode steps after it (``pick``): ``ROUNDS`` served calls, each of
 ``GROUPS`` groups of lone requests of ``SHORT`` and of ``LONG`` decode steps, each arriving
-``IDLE`` seconds after the one before it is expected to end (with a slack: ``MARGIN``). A lone request's decode seconds
-(its E2E less its TTFT) are ``steps x step + resume``: per call and idle spell,
+``IDLE`` seconds after the one before it is expected to end (with a slack: ``MARGIN``). A
+lone request's decode seconds (its E2E less its TTFT) are ``steps x step + resume``: per
+call and idle spell,
 
     resume = (LONG median(D_short) - SHORT median(D_long)) / (LONG - SHORT)
 
@@ -189,7 +190,7 @@ def _spell(rounds: Sequence[LoneRuns], level: int, rng, draws: int):
     """(raw, err, step, idle seconds) at one idle spell over the calls that ran enough of it alone; None if none."""
     per, boot, steps, idle = [], [], [], []
     for r in rounds:
-        m = (r.level == level) & (r.idle_s > 0)
+        m = (r.level == level) & (r.idle_s > 0) & np.isfinite(r.idle_s)  # (a call's first waited for as long)
         s, lg = r.decode_s[m & (r.steps == SHORT)], r.decode_s[m & (r.steps == LONG)]
         if min(s.size, lg.size) < LEAST:
             continue
@@ -221,8 +222,10 @@ def solve(rounds: Sequence[LoneRuns], *, p: BucketProfile, prompt: int, draws: i
     if raw < floor:
         return ResumeCost(floor, err, raw, p.bucket, prompt, step,
                           f"measured {raw * 1e3:+.3f} ms, bounded at minus one step (a resumed run cannot skip one)")
-    read = [(idle, c) for (c, _, _, idle) in (x for x in spells if x is not None)]
-    read.sort()
+    read = []
+    for c, _, _, idle in sorted((x for x in spells if x is not None), key=lambda x: x[3]):
+        if not read or idle > read[-1][0]:  # one cost per idle spell (a tie of medians keeps the first)
+            read.append((idle, c))
     costs = np.minimum.accumulate(np.maximum([c for _, c in read], floor)[::-1])[::-1]  # a colder device pays more
     return ResumeCost(raw, err, raw, p.bucket, prompt, step,
                       by_idle=tuple((float(i), float(c)) for (i, _), c in zip(read, costs)))

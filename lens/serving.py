@@ -16,8 +16,8 @@ On a unit whose decode kernel reads only the rows' own KV (``kv_token_s`` > 0,
 ``lens.context_cost``) a step costs TBT_b less what the probes' rows read, plus what the
 live rows read at their contexts. The first decode run after a pass that leaves a live row
 costs what resuming the decode after a prefill costs (``lens.resume``) at the idle spell
-before the pass: 0 s for a pass that finds the device busy, ``resume_s`` when none were
-measured apart.
+before the pass: the shortest measured spell's for a pass that finds the device busy,
+``resume_s`` after any pass when no spells were measured.
 
 Between two events (an admission, a completion) the live set is fixed and the longest
 context grows by one per step, so a run of k steps costs C(c + k) - C(c) with C the prefix
