@@ -146,12 +146,17 @@ def pick(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], policy: 
     return None if found is None else (profiles[found[0]], found[1])
 
 
+def _levels(n: int) -> np.ndarray:
+    """The index in ``IDLE`` of each of ``workload``'s first ``n`` requests (a short and a long one per spell)."""
+    return np.arange(n) // 2 % len(IDLE)
+
+
 def workload(prompt: int, *, ttft_s: float, tbt_s: float, groups: int = GROUPS) -> Requests:
     """``groups`` groups of lone requests of ``prompt`` tokens: at each ``IDLE`` spell one of ``SHORT`` and one of
     ``LONG`` decode steps, each arriving that spell after the one before is expected to end (``ttft_s``, ``tbt_s``:
     the profile's prefill and step)."""
     lout = np.tile(np.asarray([SHORT + 1, LONG + 1], dtype=np.int64), groups * len(IDLE))
-    idle = np.tile(np.repeat(np.asarray(IDLE), 2), groups)
+    idle = np.asarray(IDLE)[_levels(lout.size)]
     ttft_s, tbt_s = max(ttft_s, 0.0), max(tbt_s, 0.0)
     ends = ttft_s + (lout - 1) * tbt_s + MARGIN * (ttft_s + LONG * tbt_s)
     arrival = np.concatenate([[0.0], np.cumsum(ends[:-1] + idle[1:])])
@@ -175,8 +180,7 @@ def lone_runs(requests: Requests, ttft_s: Sequence[float], e2e_s: Sequence[float
     e2e = np.asarray(e2e_s, dtype=float)
     n = arr.size
     idle = np.concatenate([[np.inf], arr[1:] - (arr[:-1] + e2e[:-1])])
-    level = np.tile(np.repeat(np.arange(len(IDLE)), 2), n // (2 * len(IDLE)) + 1)[:n]
-    return LoneRuns(level, np.asarray(requests.output_len[:n], dtype=np.int64) - 1, e2e - np.asarray(ttft_s, float),
+    return LoneRuns(_levels(n), np.asarray(requests.output_len[:n], dtype=np.int64) - 1, e2e - np.asarray(ttft_s, float),
                     idle)
 
 

@@ -165,8 +165,8 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     sb = 0  # sum of the live requests' bases: their contexts at global step s sum to sb + nlive s
     busy = slot_tokens = 0.0
     pending = 0.0  # the resume cost the next decode run pays (a pass has stopped the decode since the last one)
-    spell = math.inf  # the idle seconds before the next pass (a run starts idle; 0: the device is busy)
-    idled = True  # the device has waited for an arrival since its last pass (a run starts idle)
+    # the idle seconds the device has waited for an arrival since its last pass (0: none; a run starts idle)
+    spell = math.inf
     searchsorted = np.searchsorted
 
     def run_s(c: int, k: int, g: int, free: int, nlive: int, sb: int) -> float:
@@ -185,7 +185,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 took, qi = list(range(qi, j)), j
                 call = max(ci_l[i] for i in took)
                 calls.append(call)
-                dt = max(ttft_l[call] + admit[0 if idled else 2], 0.0)
+                dt = max(ttft_l[call] + admit[0 if spell else 2], 0.0)
                 t += dt
                 busy += dt
                 for i in took:
@@ -197,7 +197,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                     i = qi
                     qi += 1
                     start[i] = t
-                    dt = max(pre_l[i] + admit[1 if took else 0 if idled else 2], 0.0)
+                    dt = max(pre_l[i] + admit[1 if took else 0 if spell else 2], 0.0)
                     t += dt
                     busy += dt
                     first[i] = t
@@ -215,15 +215,14 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 heapq.heappush(bases, (g - lin_l[i], i))
                 sb += lin_l[i] - g
             # the decode resumes after this pass (no live row: no decode, and it is dropped below)
-            pending = after_idle(spell if idled else 0.0, *resume)
-            idled = False
+            pending = after_idle(spell, *resume)
+            spell = 0.0
         if not nlive:
             pending = 0.0
             if qi < n and arr_l[qi] > t:
                 if qi:  # (before the first pass the device has waited for as long as it likes)
                     spell = arr_l[qi] - t
                 t = arr_l[qi]  # idle until the next arrival
-                idled = True
             continue
         # -- a run of decode steps with a fixed live set, up to the next event
         while not live[bases[0][1]]:
