@@ -67,6 +67,8 @@ SHAPE_TOLERANCE = 0.03
 SHAPE_SIGMAS = 2.0
 #: the long run grows only when the new L2 is at least this much longer (else: more repeats)
 GROW_MIN = 1.25
+#: how the note of a host cost whose workload the runner failed begins (the profiles stand without it)
+NOT_MEASURED = "not measured"
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,13 @@ class UnitMeasurement:
     @property
     def hardware_s(self) -> float:
         return self.compile_s + self.run_s
+
+    def unmeasured(self) -> dict[str, str]:
+        """The host costs whose workload the runner failed (each left at 0): what -> why."""
+        costs = {"the row cost": self.rows, "the served admissions": self.admission,
+                 "a row's context cost": self.context, "the resume cost": self.resume}
+        return {what: c.note for what, c in costs.items()
+                if c is not None and c.note.startswith(NOT_MEASURED)}
 
 
 class _Runs:
@@ -337,7 +346,7 @@ def measure_row_cost(runner: Runner, target: Target, tp: int, batch: int, p: Buc
         bk = tuple(sorted(buckets))
         run = runner.run_workload(Candidate(tp, batch, bk, bk), row_cost.workload(p, batch))
     except RunnerError as exc:  # the profiles stand without it
-        return row_cost.RowCost(0.0, 0.0, 0.0, f"not measured ({exc})"), (0.0, 0.0)
+        return row_cost.RowCost(0.0, 0.0, 0.0, f"{NOT_MEASURED} ({one_line(exc)})"), (0.0, 0.0)
     full, one = row_cost.decode_times(run.ttft_s, run.e2e_s, batch)
     return row_cost.solve(full, one, p=p, batch=batch), (run.compile_s, run.run_s)
 
@@ -381,7 +390,7 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profi
                     busy, why = None, f"a pass during a decode not measured ({one_line(exc)})"
             rounds.append(times)
     except (RunnerError, UserError) as exc:  # the profiles stand without it
-        return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"not measured ({one_line(exc)})"), tuple(spent)
+        return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"{NOT_MEASURED} ({one_line(exc)})"), tuple(spent)
     # a round without busy times leaves the busy offset unmeasured (solve: the idle one prices both)
     cost = admission_cost.solve(rounds, p=p, burst=m)
     return dataclasses.replace(cost, note="; ".join(x for x in (cost.note, why) if x)), tuple(spent)
@@ -405,7 +414,7 @@ def measure_context_cost(runner: Runner, target: Target, tp: int, batch: int, pr
     try:
         run = runner.run_workload(Candidate(tp, batch, bk, bk), context_cost.workload(short, long_, batch))
     except (RunnerError, UserError) as exc:  # the profiles stand without it
-        return (context_cost.ContextCost(0.0, 0.0, 0.0, p.bucket, short, long_, f"not measured ({one_line(exc)})"),
+        return (context_cost.ContextCost(0.0, 0.0, 0.0, p.bucket, short, long_, f"{NOT_MEASURED} ({one_line(exc)})"),
                 (0.0, 0.0))
     return (context_cost.solve(run.ttft_s, run.e2e_s, p=p, short=short, long_=long_, batch=batch),
             (run.compile_s, run.run_s))
@@ -440,6 +449,6 @@ def measure_resume(runner: Runner, target: Target, tp: int, batch: int, profiles
             spent[1] += run.run_s
             rounds.append(resume_cost.lone_runs(lone, run.ttft_s, run.e2e_s))
     except (RunnerError, UserError) as exc:  # the profiles stand without it
-        return (resume_cost.ResumeCost(0.0, 0.0, 0.0, p.bucket, prompt, note=f"not measured ({one_line(exc)})"),
+        return (resume_cost.ResumeCost(0.0, 0.0, 0.0, p.bucket, prompt, note=f"{NOT_MEASURED} ({one_line(exc)})"),
                 tuple(spent))
     return resume_cost.solve(rounds, p=p, prompt=prompt), tuple(spent)

@@ -362,6 +362,9 @@ class UnitProfiler:
                 self.log(f"  unit tp={unit[0]} batch={unit[1]}: {len(m.profiles)} bucket"
                          f"{'' if len(m.profiles) == 1 else 's'} measured on {m.host}, "
                          f"{m.hardware_s:.1f}{sim} hardware-s (compile {m.compile_s:.1f} s){noisy}")
+                for what, why in m.unmeasured().items():
+                    self.log(f"    {what}: {why}; left at 0 (to measure it: lensopt cache rm --cache {self.cache.path} "
+                             f"--fingerprint {self.fp} --tp {unit[0]} --batch {unit[1]}, then profile the unit again)")
             shown.update(1)
         shown.close()
 

@@ -298,6 +298,30 @@ def test_a_stack_whose_decode_resumes_slowly_is_measured_and_a_steady_one_shows_
     assert {p.resume_s for p in m.profiles.values()} == {m.resume.value}
 
 
+def test_a_runner_that_fails_the_served_workloads_leaves_their_costs_at_zero_and_says_which():
+    served = dataclasses.replace(sim(noise=0.0, stragglers=False), serving="continuous")
+    runner = get_runner(served)
+    plain = runner.run_workload
+
+    def no_serving(cand, requests, *, mode="static"):
+        if mode == "continuous":
+            raise RunnerError("the engine stopped\nwith a second line")
+        return plain(cand, requests, mode=mode)
+
+    runner.run_workload = no_serving
+    m = measure_unit(served, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings(),
+                     runner=runner)
+    gone = m.unmeasured()
+    # the row cost and a row's context run static batches: measured; the admissions and the resume need a
+    # served run: each left at 0, its note saying why, in one line
+    assert set(gone) == {"the served admissions", "the resume cost"}, gone
+    assert set(gone.values()) == {"not measured (RunnerError: the engine stopped with a second line)"}, gone
+    assert {(p.admit_first_s, p.resume_s) for p in m.profiles.values()} == {(0.0, 0.0)}
+    # a unit whose workloads all ran has nothing to say
+    assert measure_unit(served, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS,
+                        profile=ProfileSettings()).unmeasured() == {}
+
+
 def test_resuming_is_measured_only_for_a_target_served_continuously():
     m = measure_unit(sim(), tp=1, batch=4, buckets=BUCKETS[:1], all_buckets=BUCKETS, profile=ProfileSettings())
     assert m.resume is None and m.resume_s == 0.0 and all(p.resume_s == 0.0 for p in m.profiles.values())
