@@ -127,12 +127,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", help="write the table here too")
     ap.add_argument("--xla-threads", choices=("one", "many"), default="one",
-                    help="jax: one XLA CPU thread per graph (default) or XLA's default threading")
+                    help="jax: one XLA CPU thread per graph (the runner's default) or XLA's thread pool")
     args = ap.parse_args(argv)
-    if args.xla_threads == "one":
-        # read when jax starts (get_runner imports it): on a shared 2-core host the tiny model's
-        # steps run faster on one thread, and no step waits on a straggling second one
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+    # read when jax starts (get_runner imports it); the last one in XLA_FLAGS wins
+    pool = "true" if args.xla_threads == "many" else "false"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_cpu_multi_thread_eigen={pool}").strip()
 
     fracs = [float(x) for x in args.rates.split(",")]
     rows = []

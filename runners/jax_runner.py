@@ -36,17 +36,35 @@ from .base import Runner
 
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 _CPU_DEVICES = 8
+#: XLA's CPU backend runs a graph's operations on a pool of threads unless this is false.
+_THREADS_FLAG = "--xla_cpu_multi_thread_eigen"
 
 
-def _ensure_host_devices() -> None:
-    # The flag is read when the CPU backend starts, so it must be in place before jax's
-    # first device query; tp 1/2/4/8 then run on one CPU host.  No effect on TPU/GPU.
+def _ensure_host_flags() -> None:
+    # Both flags are read when the CPU backend starts, so they must be in place before jax's
+    # first device query; a flag the user already set is left as it is.  No effect on TPU/GPU.
+    # - tp 1/2/4/8 run on one CPU host as that many devices;
+    # - each graph runs on one thread: on a small shared host a step then waits on no
+    #   straggling pool thread, and a served run's TTFT and TPOT keep the proportions its
+    #   profile measured (docs/noise.md, "One XLA thread").
     flags = os.environ.get("XLA_FLAGS", "")
     if _DEVICE_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = (flags + f" {_DEVICE_FLAG}={_CPU_DEVICES}").strip()
+        flags += f" {_DEVICE_FLAG}={_CPU_DEVICES}"
+    if _THREADS_FLAG not in flags:
+        flags += f" {_THREADS_FLAG}=false"
+    os.environ["XLA_FLAGS"] = flags.strip()
 
 
-_ensure_host_devices()
+def _cpu_threads(flags: str) -> str:
+    """``"one"`` when XLA_FLAGS turns the CPU backend's thread pool off, else ``"many"``."""
+    value = "true"
+    for word in flags.split():
+        if word.startswith(_THREADS_FLAG + "="):
+            value = word.split("=", 1)[1]  # the last one wins, as XLA reads them
+    return "one" if value.strip().lower() in ("false", "0") else "many"
+
+
+_ensure_host_flags()
 
 import jax  # noqa: E402  (after the XLA_FLAGS set-up above)
 import jax.numpy as jnp  # noqa: E402
@@ -120,6 +138,11 @@ class JaxRunner(Runner):
             "jaxlib": jaxlib.__version__,
             "cpu": _cpu_model(),
             "platform": jax.default_backend(),
+            # profiles measured with XLA's thread pool (before it was turned off) keep their
+            # fingerprint under XLA_FLAGS=--xla_cpu_multi_thread_eigen=true, and are not
+            # reused by a one-thread run
+            **({"xla_cpu_threads": "one"}
+               if jax.default_backend() == "cpu" and _cpu_threads(os.environ.get("XLA_FLAGS", "")) == "one" else {}),
         }
 
     def check_unit(self, unit: Unit) -> None:

@@ -116,6 +116,28 @@ def test_profile_returns_one_run_per_probe(runner):
     assert runner.fingerprint() == runner.fingerprint()
 
 
+def test_cpu_threads_reads_the_last_flag():
+    from runners.jax_runner import _cpu_threads
+
+    assert _cpu_threads("") == "many"  # XLA's default: a thread pool per graph
+    assert _cpu_threads("--xla_cpu_multi_thread_eigen=false") == "one"
+    assert _cpu_threads("--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=0") == "one"
+    assert _cpu_threads("--xla_cpu_multi_thread_eigen=false --xla_cpu_multi_thread_eigen=true") == "many"
+    assert _cpu_threads("--xla_cpu_multi_thread_eigen=true --xla_cpu_multi_thread_eigen=False") == "one"
+
+
+def test_one_thread_is_the_default_and_is_in_the_fingerprint(runner, monkeypatch):
+    # importing the runner set the flag unless the process's XLA_FLAGS already named it
+    assert "--xla_cpu_multi_thread_eigen=" in os.environ["XLA_FLAGS"]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+    one = runner.fingerprint()
+    assert runner.versions()["xla_cpu_threads"] == "one"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
+    # a thread-pool run keeps the fingerprint profiles had before the key existed
+    assert "xla_cpu_threads" not in runner.versions()
+    assert runner.fingerprint() != one
+
+
 def test_run_workload_per_request_times(runner):
     lin = np.array([3, 20, 40, 5, 7])
     lout = np.array([10, 3, 20, 1, 2])
