@@ -41,11 +41,14 @@ class UnitTask:
     ended_at: float
     hardware_s: float
     attempts: int
+    #: what each host cost measured with the unit came to (the row cost, the served admissions, a row's
+    #: context, the resume), as its record says it, counted or not: (what, text) pairs
+    host_costs: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"tp": self.tp, "batch": self.batch, "buckets": list(self.buckets), "node_id": self.node_id,
                 "started_at": self.started_at, "ended_at": self.ended_at, "hardware_s": self.hardware_s,
-                "attempts": self.attempts}
+                "attempts": self.attempts, "host_costs": dict(self.host_costs)}
 
 
 @dataclass
@@ -174,7 +177,9 @@ class RunLedger:
                 units_noisy={_unit_of(k): {int(b): w for b, w in per.items()}
                              for k, per in d.get("units_noisy", {}).items()},
                 units_waited=[tuple(u) for u in d.get("units_waited", [])],
-                unit_tasks=[UnitTask(**{**t, "buckets": tuple(t["buckets"])}) for t in d.get("unit_tasks", [])],
+                unit_tasks=[UnitTask(**{**t, "buckets": tuple(t["buckets"]),
+                                        "host_costs": tuple(t.get("host_costs", {}).items())})
+                            for t in d.get("unit_tasks", [])],
                 profile_hardware_s=float(d.get("profile_hardware_s", 0.0)),
                 confirm_hardware_s=float(d.get("confirm_hardware_s", 0.0)),
                 profile_stop=str(d.get("profile_stop", "")),

@@ -116,12 +116,18 @@ class UnitMeasurement:
     def hardware_s(self) -> float:
         return self.compile_s + self.run_s
 
+    def _costs(self) -> dict[str, object]:
+        return {what: c for what, c in (("the row cost", self.rows), ("the served admissions", self.admission),
+                                        ("a row's context cost", self.context), ("the resume cost", self.resume))
+                if c is not None}
+
+    def host_costs(self) -> dict[str, str]:
+        """What each host cost the unit's workloads measured came to, as its record says it: what -> text."""
+        return {what: c.said() for what, c in self._costs().items()}
+
     def unmeasured(self) -> dict[str, str]:
         """The host costs whose workload the runner failed (each left at 0): what -> why."""
-        costs = {"the row cost": self.rows, "the served admissions": self.admission,
-                 "a row's context cost": self.context, "the resume cost": self.resume}
-        return {what: c.note for what, c in costs.items()
-                if c is not None and c.note.startswith(NOT_MEASURED)}
+        return {what: c.note for what, c in self._costs().items() if c.note.startswith(NOT_MEASURED)}
 
 
 class _Runs:

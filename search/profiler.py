@@ -355,7 +355,8 @@ class UnitProfiler:
                     self.on_task(unit, m)
                 ledger.note_measured(unit, UnitTask(tp=unit[0], batch=unit[1], buckets=tuple(sorted(m.profiles)),
                                                     node_id=m.node_id, started_at=m.started_at, ended_at=m.ended_at,
-                                                    hardware_s=m.hardware_s, attempts=m.attempts))
+                                                    hardware_s=m.hardware_s, attempts=m.attempts,
+                                                    host_costs=tuple(m.host_costs().items())))
                 self._note_spread(unit, m.profiles, m.noisy)
                 sim = " simulated" if m.simulated else ""
                 noisy = f"; NOISY: {'; '.join(m.noisy.values())}" if m.noisy else ""

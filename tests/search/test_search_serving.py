@@ -23,6 +23,12 @@ def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
     rd = res.run_dir
     info = json.loads((rd / "run.json").read_text())
     assert info["workload"]["arrivals"] == "poisson" and info["workload"]["arrival_rate"] == 4.0
+    # each unit's task records what its host costs came to, counted or not (a served target measures its
+    # admissions and its resume cost)
+    for task in info["unit_tasks"]:
+        costs = task["host_costs"]
+        assert {"the served admissions", "the resume cost"} <= set(costs), costs
+        assert "a pass's first prompt" in costs["the served admissions"] and "ms" in costs["the resume cost"]
     front = res.front
     assert len(front) >= 1 and (front["sustainable_rate_req_s_per_chip"] > 0).all()
     # the objective is the largest sustainable rate per chip, found by bisection on predictions
