@@ -25,7 +25,8 @@ within a millisecond of it: with one offset for both, lone arrivals at a light r
 predicted 1.4-1.8 ms short and, at batch 4, those during a decode 1.2-2.8 ms long).
 
 The measurement, in the unit's smallest measured bucket with one-token requests (a
-prefill and nothing else; a served one frees its slot at once): ``ROUNDS`` rounds, each
+prefill and nothing else; a served one frees its slot at once): ``ROUNDS`` rounds (and
+``MORE_ROUNDS`` more where an offset is ``undecided``), each
 
 - a static call of ``BATCHES`` full batches: per batch, its last first token over its
   prefill calls is TTFT_b as the probes mean it;
@@ -75,6 +76,12 @@ BURSTS = 6
 GAP = 3.0
 #: an offset is kept only beyond this many of its standard errors (as lens.rows's row cost)
 SIGMAS = 3.0
+#: an offset beyond this many standard errors but within SIGMAS is undecided: the measurement runs
+#: MORE_ROUNDS more rounds, once, and solves on all of them. On the jax runner the quickstart's batch-4 unit
+#: counted about +1 ms for a pass's first prompt in five measurements of seven and stored 0 in two, whose
+#: TTFT p50 then came out 16-19% low at confirmation (docs/serving.md)
+UNDECIDED = 1.0
+MORE_ROUNDS = 2
 #: carriers per busy call, one after another, and lone one-token requests arriving while each decodes: the wait
 #: for the step under way spreads a lone TTFT over a whole step (up to 4 ms on the jax runner), and 24 of them
 #: a round bring the offset's standard error to about what the idle bursts give
@@ -218,6 +225,16 @@ def burst_times(ttft_s: Sequence[float], m: int) -> tuple[np.ndarray, np.ndarray
     first = t[:, 0]
     slope = (t[:, -1] - t[:, 0]) / (m - 1) if m > 1 else np.full(len(first), np.nan)
     return first, slope
+
+
+def undecided(cost: AdmissionCost) -> bool:
+    """Whether an offset measured lies beyond ``UNDECIDED`` and within ``SIGMAS`` standard errors of none."""
+    pairs = [(cost.raw_first_s, cost.first_err_s)]
+    if cost.burst > 1:
+        pairs.append((cost.raw_next_s, cost.next_err_s))
+    if cost.busy_measured:
+        pairs.append((cost.raw_busy_s, cost.busy_err_s))
+    return any(err > 0 and UNDECIDED * err < abs(raw) <= SIGMAS * err for raw, err in pairs)
 
 
 def solve(rounds: Sequence[tuple[np.ndarray, ...]], *, p: BucketProfile, burst: int, draws: int = DRAWS,

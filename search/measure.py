@@ -383,8 +383,9 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profi
         spent[1] += run.run_s
         return run
 
-    try:
-        for _ in range(admission_cost.ROUNDS):
+    def run_rounds(n: int) -> None:
+        nonlocal busy, why
+        for _ in range(n):
             static = timed(admission_cost.static_workload(p, batch))
             served = timed(admission_cost.served_workload(p, m), "continuous")
             times = (admission_cost.static_times(static.ttft_s, batch, target.prefill),
@@ -395,10 +396,18 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profi
                 except (RunnerError, UserError) as exc:  # the idle offsets stand without it: one for both passes
                     busy, why = None, f"a pass during a decode not measured ({one_line(exc)})"
             rounds.append(times)
+
+    try:
+        run_rounds(admission_cost.ROUNDS)
+        # a round without busy times leaves the busy offset unmeasured (solve: the idle one prices both)
+        cost = admission_cost.solve(rounds, p=p, burst=m)
+        if admission_cost.undecided(cost):
+            run_rounds(admission_cost.MORE_ROUNDS)
+            cost = admission_cost.solve(rounds, p=p, burst=m)
+            why = "; ".join(x for x in (why, f"{len(rounds)} rounds (an offset was undecided after "
+                                              f"{admission_cost.ROUNDS})") if x)
     except (RunnerError, UserError) as exc:  # the profiles stand without it
         return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"{NOT_MEASURED} ({one_line(exc)})"), tuple(spent)
-    # a round without busy times leaves the busy offset unmeasured (solve: the idle one prices both)
-    cost = admission_cost.solve(rounds, p=p, burst=m)
     return dataclasses.replace(cost, note="; ".join(x for x in (cost.note, why) if x)), tuple(spent)
 
 

@@ -153,3 +153,23 @@ def test_a_busy_pass_is_solved_against_the_same_static_call_and_defaults_to_the_
     noisy = [1.75e-3 + 1e-4 * rng.standard_normal(admission.LONE) for _ in rounds]
     c = admission.solve([(*r, b) for r, b in zip(rounds, noisy)], p=prof(1.75e-3), burst=4)
     assert c.busy_s == 0.0 and c.busy_measured and "during a decode within" in c.note
+
+
+def test_an_offset_between_one_and_three_standard_errors_is_undecided():
+    def cost(raw, err, **kw):
+        return admission.AdmissionCost(0.0, 0.0, first_err_s=err, raw_first_s=raw, burst=1, **kw)
+
+    assert admission.undecided(cost(2e-3, 1e-3)) and admission.undecided(cost(-3e-3, 1e-3))
+    assert not admission.undecided(cost(0.5e-3, 1e-3))  # noise: nothing to settle
+    assert not admission.undecided(cost(3.5e-3, 1e-3))  # counted already
+    assert not admission.undecided(cost(1e-3, 0.0))  # a noiseless device
+    # a further prompt's and a busy pass's offsets count too, the latter only where it was measured
+    settled = dict(first_err_s=1e-3, raw_first_s=5e-3)
+    assert admission.undecided(admission.AdmissionCost(5e-3, 0.0, next_err_s=1e-3, raw_next_s=2e-3, burst=4,
+                                                       **settled))
+    assert not admission.undecided(admission.AdmissionCost(5e-3, 0.0, next_err_s=1e-3, raw_next_s=2e-3, burst=1,
+                                                           **settled))
+    busy = dict(busy_err_s=1e-3, raw_busy_s=2e-3)
+    assert admission.undecided(admission.AdmissionCost(5e-3, 0.0, burst=1, busy_measured=True, **settled, **busy))
+    assert not admission.undecided(admission.AdmissionCost(5e-3, 0.0, burst=1, busy_measured=False, **settled,
+                                                           **busy))

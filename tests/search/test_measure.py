@@ -217,6 +217,34 @@ def test_a_runner_that_fails_the_busy_call_keeps_its_idle_offsets_and_says_why(m
     assert "a pass during a decode not measured (" in a.note and "the carrier's output is longer" in a.note
 
 
+def test_an_undecided_offset_is_measured_again_with_more_rounds_once(monkeypatch):
+    from lens import admission as admission_cost
+
+    target = sim(noise=0.01, stragglers=False)
+    calls = []
+
+    def count(decided):
+        runner = get_runner(target)
+        plain = runner.run_workload
+
+        def counted(cand, requests, **kw):
+            calls.append(requests.name)
+            return plain(cand, requests, **kw)
+
+        runner.run_workload = counted
+        monkeypatch.setattr(admission_cost, "undecided", lambda cost: not decided)
+        calls.clear()
+        m = measure_unit(target, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS,
+                         profile=ProfileSettings(), runner=runner)
+        return m, sum(1 for name in calls if name.startswith("admission-static"))
+
+    m, static_calls = count(decided=True)
+    assert static_calls == admission_cost.ROUNDS and "rounds" not in m.admission.note
+    m, static_calls = count(decided=False)  # undecided however many rounds: more once, never again
+    assert static_calls == admission_cost.ROUNDS + admission_cost.MORE_ROUNDS
+    assert f"{static_calls} rounds (an offset was undecided after {admission_cost.ROUNDS})" in m.admission.note
+
+
 def test_a_server_that_costs_what_the_profile_says_shows_none_beyond_its_noise():
     m = measure_unit(sim(noise=0.01, launch=False), tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS,
                      profile=ProfileSettings())
