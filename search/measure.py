@@ -401,13 +401,18 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profi
         run_rounds(admission_cost.ROUNDS)
         # a round without busy times leaves the busy offset unmeasured (solve: the idle one prices both)
         cost = admission_cost.solve(rounds, p=p, burst=m)
-        if admission_cost.undecided(cost):
-            run_rounds(admission_cost.MORE_ROUNDS)
-            cost = admission_cost.solve(rounds, p=p, burst=m)
-            why = "; ".join(x for x in (why, f"{len(rounds)} rounds (an offset was undecided after "
-                                              f"{admission_cost.ROUNDS})") if x)
     except (RunnerError, UserError) as exc:  # the profiles stand without it
         return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"{NOT_MEASURED} ({one_line(exc)})"), tuple(spent)
+    if admission_cost.undecided(cost):
+        first = len(rounds)
+        try:
+            run_rounds(admission_cost.MORE_ROUNDS)
+            more = f"{len(rounds)} rounds (an offset was undecided after {first})"
+        except (RunnerError, UserError) as exc:  # the first rounds' offsets stand
+            del rounds[first:]
+            more = f"the rounds run again for an undecided offset failed ({one_line(exc)})"
+        cost = admission_cost.solve(rounds, p=p, burst=m)
+        why = "; ".join(x for x in (why, more) if x)
     return dataclasses.replace(cost, note="; ".join(x for x in (cost.note, why) if x)), tuple(spent)
 
 

@@ -240,9 +240,29 @@ def test_an_undecided_offset_is_measured_again_with_more_rounds_once(monkeypatch
 
     m, static_calls = count(decided=True)
     assert static_calls == admission_cost.ROUNDS and "rounds" not in m.admission.note
+    first = m.admission
     m, static_calls = count(decided=False)  # undecided however many rounds: more once, never again
     assert static_calls == admission_cost.ROUNDS + admission_cost.MORE_ROUNDS
     assert f"{static_calls} rounds (an offset was undecided after {admission_cost.ROUNDS})" in m.admission.note
+    # a runner that fails the further rounds leaves the first rounds' offsets as they were, and says so
+    runner = get_runner(target)
+    plain = runner.run_workload
+    static_calls = []
+
+    def failing_late(cand, requests, **kw):
+        if requests.name.startswith("admission-static"):
+            static_calls.append(1)
+            if len(static_calls) > admission_cost.ROUNDS:
+                raise RunnerError("the engine went away")
+        return plain(cand, requests, **kw)
+
+    runner.run_workload = failing_late
+    m = measure_unit(target, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings(),
+                     runner=runner)
+    a = m.admission
+    assert (a.raw_first_s, a.first_err_s, a.raw_busy_s) == (first.raw_first_s, first.first_err_s, first.raw_busy_s)
+    assert "the rounds run again for an undecided offset failed (RunnerError: the engine went away)" in a.note
+    assert m.unmeasured() == {}
 
 
 def test_a_server_that_costs_what_the_profile_says_shows_none_beyond_its_noise():
