@@ -71,6 +71,11 @@ GROW_MIN = 1.25
 NOT_MEASURED = "not measured"
 
 
+def _not_measured(exc: BaseException) -> str:
+    """The note of a host cost whose workload failed with ``exc``."""
+    return f"{NOT_MEASURED} ({one_line(exc)})"
+
+
 @dataclass(frozen=True)
 class UnitMeasurement:
     """The solved profiles of one unit plus the hardware seconds they cost."""
@@ -352,7 +357,7 @@ def measure_row_cost(runner: Runner, target: Target, tp: int, batch: int, p: Buc
         bk = tuple(sorted(buckets))
         run = runner.run_workload(Candidate(tp, batch, bk, bk), row_cost.workload(p, batch))
     except RunnerError as exc:  # the profiles stand without it
-        return row_cost.RowCost(0.0, 0.0, 0.0, f"{NOT_MEASURED} ({one_line(exc)})"), (0.0, 0.0)
+        return row_cost.RowCost(0.0, 0.0, 0.0, _not_measured(exc)), (0.0, 0.0)
     full, one = row_cost.decode_times(run.ttft_s, run.e2e_s, batch)
     return row_cost.solve(full, one, p=p, batch=batch), (run.compile_s, run.run_s)
 
@@ -375,7 +380,7 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profi
     bk = tuple(sorted(buckets))
     cand = Candidate(tp, batch, bk, bk)
     busy = admission_cost.busy_plan(p, profiles, bk, target.bucket_policy, batch=batch)
-    rounds, spent, why = [], [0.0, 0.0], ""
+    rounds, spent, notes = [], [0.0, 0.0], []
 
     def timed(requests, mode="static"):
         run = runner.run_workload(cand, requests, mode=mode)
@@ -384,7 +389,7 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profi
         return run
 
     def run_rounds(n: int) -> None:
-        nonlocal busy, why
+        nonlocal busy
         for _ in range(n):
             static = timed(admission_cost.static_workload(p, batch))
             served = timed(admission_cost.served_workload(p, m), "continuous")
@@ -394,7 +399,8 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profi
                 try:
                     times += (admission_cost.busy_times(timed(busy.requests, "continuous").ttft_s, busy),)
                 except (RunnerError, UserError) as exc:  # the idle offsets stand without it: one for both passes
-                    busy, why = None, f"a pass during a decode not measured ({one_line(exc)})"
+                    busy = None
+                    notes.append(f"a pass during a decode not measured ({one_line(exc)})")
             rounds.append(times)
 
     try:
@@ -402,18 +408,17 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profi
         # a round without busy times leaves the busy offset unmeasured (solve: the idle one prices both)
         cost = admission_cost.solve(rounds, p=p, burst=m)
     except (RunnerError, UserError) as exc:  # the profiles stand without it
-        return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=f"{NOT_MEASURED} ({one_line(exc)})"), tuple(spent)
+        return admission_cost.AdmissionCost(0.0, 0.0, burst=m, note=_not_measured(exc)), tuple(spent)
     if admission_cost.undecided(cost):
         first = len(rounds)
         try:
             run_rounds(admission_cost.MORE_ROUNDS)
-            more = f"{len(rounds)} rounds (an offset was undecided after {first})"
+            notes.append(f"{len(rounds)} rounds (an offset was undecided after {first})")
         except (RunnerError, UserError) as exc:  # the first rounds' offsets stand
             del rounds[first:]
-            more = f"the rounds run again for an undecided offset failed ({one_line(exc)})"
+            notes.append(f"the rounds run again for an undecided offset failed ({one_line(exc)})")
         cost = admission_cost.solve(rounds, p=p, burst=m)
-        why = "; ".join(x for x in (why, more) if x)
-    return dataclasses.replace(cost, note="; ".join(x for x in (cost.note, why) if x)), tuple(spent)
+    return dataclasses.replace(cost, note="; ".join(x for x in (cost.note, *notes) if x)), tuple(spent)
 
 
 def measure_context_cost(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
@@ -434,7 +439,7 @@ def measure_context_cost(runner: Runner, target: Target, tp: int, batch: int, pr
     try:
         run = runner.run_workload(Candidate(tp, batch, bk, bk), context_cost.workload(short, long_, batch))
     except (RunnerError, UserError) as exc:  # the profiles stand without it
-        return (context_cost.ContextCost(0.0, 0.0, 0.0, p.bucket, short, long_, f"{NOT_MEASURED} ({one_line(exc)})"),
+        return (context_cost.ContextCost(0.0, 0.0, 0.0, p.bucket, short, long_, _not_measured(exc)),
                 (0.0, 0.0))
     return (context_cost.solve(run.ttft_s, run.e2e_s, p=p, short=short, long_=long_, batch=batch),
             (run.compile_s, run.run_s))
@@ -469,6 +474,6 @@ def measure_resume(runner: Runner, target: Target, tp: int, batch: int, profiles
             spent[1] += run.run_s
             rounds.append(resume_cost.lone_runs(lone, run.ttft_s, run.e2e_s))
     except (RunnerError, UserError) as exc:  # the profiles stand without it
-        return (resume_cost.ResumeCost(0.0, 0.0, 0.0, p.bucket, prompt, note=f"{NOT_MEASURED} ({one_line(exc)})"),
+        return (resume_cost.ResumeCost(0.0, 0.0, 0.0, p.bucket, prompt, note=_not_measured(exc)),
                 tuple(spent))
     return resume_cost.solve(rounds, p=p, prompt=prompt), tuple(spent)
