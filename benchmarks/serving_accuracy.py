@@ -21,7 +21,9 @@ dominate and small cost errors are amplified.
 
 Runners (``--runner``):
 - ``jax``: real XLA execution on this CPU (the quickstart model); requests released by the
-  wall clock, so a busy host shows up in the measurements;
+  wall clock, so a busy host shows up in the measurements; with ``--gpu``, on the GPU JAX
+  sees instead (a Llama-3.2-1B-shaped model in bfloat16, buckets 128-2048, the workloads'
+  lengths as they are), needing only numpy and JAX there (no optuna, no ray);
 - ``command``: the example program examples/command_runner/toy_npu.py through the command
   protocol; its device is SIMULATED (its own cost model and host effects, not lens');
 - ``sim``: the simulated fleet (runners.sim, ``--hardware`` picks the devices), SIMULATED
@@ -35,7 +37,11 @@ Runners (``--runner``):
 
     python benchmarks/serving_accuracy.py [--runner jax|command|sim | --space FILE] [--units 1x4,1x8]
                                           [--hardware inf2,tpu-v6e] [--requests 120] [--repeats 3]
-                                          [--rates 0.15,0.5,0.8] [--csv FILE]
+                                          [--rates 0.15,0.5,0.8] [--csv FILE] [--gpu] [--budget-s S]
+
+``--budget-s``: start no unit or workload past that many seconds (the first always runs) and
+list what was skipped; the CSV is rewritten after every rate, so a run stopped from outside
+keeps what it finished.
 """
 from __future__ import annotations
 
@@ -78,8 +84,11 @@ LLAMA_1B = ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate
 TOY = ROOT / "examples" / "command_runner" / "toy_npu.py"
 
 
-def setup(kind: str, hardware: str) -> tuple[Target, tuple[int, ...], float]:
+def setup(kind: str, hardware: str, gpu: bool = False) -> tuple[Target, tuple[int, ...], float]:
     """The target, its bucket set and the length scale that fits the workloads into it."""
+    if kind == "jax" and gpu:
+        return (Target(name="serving-jax-gpu", runner="jax", hardware="gpu", bucket_policy="exclusive",
+                       dtype="bfloat16", model=LLAMA_1B), (128, 256, 512, 1024, 2048), 1.0)
     if kind == "sim":
         policy = "inclusive" if hardware.startswith("tpu") else "exclusive"
         return (Target(name=f"serving-sim-{hardware}", runner="sim", hardware=hardware, bucket_policy=policy,
@@ -125,17 +134,28 @@ def main(argv=None) -> int:
     ap.add_argument("--rates", default="0.15,0.5,0.8", help="fractions of the predicted saturation rate")
     ap.add_argument("--profile-repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--csv", help="write the table here too")
+    ap.add_argument("--csv", help="write the table here too (rewritten after every rate)")
+    ap.add_argument("--gpu", action="store_true",
+                    help="jax: serve on the GPU JAX sees (Llama-3.2-1B shape, bfloat16) instead of this CPU")
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="start no unit or workload past this many seconds (the first always runs)")
     ap.add_argument("--xla-threads", choices=("one", "many"), default="one",
                     help="jax: one XLA CPU thread per graph (the runner's default) or XLA's thread pool")
     args = ap.parse_args(argv)
     # read when jax starts (get_runner imports it); the last one in XLA_FLAGS wins
     pool = "true" if args.xla_threads == "many" else "false"
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_cpu_multi_thread_eigen={pool}").strip()
+    if args.gpu and (args.runner != "jax" or args.space):
+        ap.error("--gpu is for --runner jax")
+    if args.gpu:
+        # allocate on demand (the default claims 75% of the GPU at the first array)
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
     fracs = [float(x) for x in args.rates.split(",")]
     rows = []
     t_start = time.perf_counter()
+    budget_end = t_start + args.budget_s
+    skipped: list[str] = []
     try:
         if args.space:
             from spaces import load_space
@@ -144,29 +164,61 @@ def main(argv=None) -> int:
             setups = [(space.target, tuple(space.search.buckets), 1.0)]
             budget = space.budget
         else:
-            setups = [setup(args.runner, hw) for hw in (args.hardware.split(",") if args.runner == "sim" else [""])]
+            setups = [setup(args.runner, hw, args.gpu)
+                      for hw in (args.hardware.split(",") if args.runner == "sim" else [""])]
             budget = Budget()
         for target, buckets, scale in setups:
             runner = get_runner(target)
+            if args.gpu:
+                import jax
+
+                if jax.default_backend() != "gpu":
+                    raise LensoptError(f"--gpu: JAX sees no GPU here (backend {jax.default_backend()!r}); run it on "
+                                       f"the GPU host with JAX's CUDA plugin, or leave --gpu out for this CPU")
+                print(f"on {jax.devices()[0].device_kind} (jax {jax.__version__})", file=sys.stderr)
             sim = " (SIMULATED device)" if runner.simulated else ""
             runner.check_mode("continuous")  # a runner that does not serve it says so before anything runs
             loads = workloads(args.requests, scale, buckets[-1], args.seed)
-            rows += measure(args, runner, target, buckets, loads, fracs, target.scheduler, budget)
+            rows += measure(args, runner, target, buckets, loads, fracs, target.scheduler, budget,
+                            Clock(budget_end, skipped))
     except LensoptError as exc:
         print(f"serving_accuracy: {exc}", file=sys.stderr)
+        return 2
+    if not rows:
+        print("serving_accuracy: nothing was measured", file=sys.stderr)
         return 2
     print(f"Continuous batching on {setups[0][0].runner}{sim}: {', '.join(s[0].name for s in setups)}, "
           f"buckets {list(buckets)}, {args.requests} requests per run, {args.repeats} repeats (median; "
           f"spread = (max - min) / median), {time.perf_counter() - t_start:.0f} s")
+    if skipped:
+        print(f"skipped (time budget of {args.budget_s:g} s): {', '.join(skipped)}")
     report(rows, fracs, args.csv)
     return 0
 
 
-def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[dict]:
+@dataclasses.dataclass
+class Clock:
+    """The time budget: once past ``end``, what would start next is listed in ``skipped`` instead."""
+
+    end: float
+    skipped: list[str]
+    started: bool = False
+
+    def allows(self, what: str) -> bool:
+        if self.started and time.perf_counter() > self.end:
+            self.skipped.append(what)
+            return False
+        self.started = True
+        return True
+
+
+def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: Clock) -> list[dict]:
     """Profile each unit, then predict and serve every workload at every rate."""
     rows = []
     for spec in args.units.split(","):
         tp, batch = (int(x) for x in spec.split("x"))
+        if not clock.allows(f"tp{tp} b{batch}"):
+            continue
         res = runner.profile(Unit(target, tp, batch), plan_probes(buckets, policy=target.bucket_policy,
                                                                   max_output=128, repeats=args.profile_repeats))
         profiles = solve(res.runs, batch=batch, simulated=res.simulated)
@@ -194,11 +246,17 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
             profiles = {b: dataclasses.replace(p, resume_s=resume.value, resume_idle=resume.by_idle)
                         for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: resuming the decode: {resume.said()}", file=sys.stderr)
+        loose = dropped_costs(row, adm, kv, resume)
+        if loose:
+            print(f"{target.hardware} tp{tp} b{batch}: within 3 standard errors of none, not counted: "
+                  f"{', '.join(f'{k} {v}' for k, v in loose.items())}", file=sys.stderr)
         cand = Candidate(tp, batch, buckets, buckets)
         table = UnitTable.build(cand, profiles, policy=target.bucket_policy)
         serving = dataclasses.replace(target, serving="continuous")
         settings = ProfileSettings(repeats=args.profile_repeats)
-        for wname, (req, unit_arr) in loads.items():
+        for k, (wname, (req, unit_arr)) in enumerate(loads.items()):
+            if k and not clock.allows(f"tp{tp} b{batch} {wname}"):
+                continue
             sat = saturation_rate(table, req, scheduler=sched)
             for frac in fracs:
                 rate = frac * sat
@@ -225,6 +283,12 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
                 one = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, admit_busy_s=side.admit_first_s), timed,
                                            scheduler=sched), chips=tp)
+                # and with every host cost that the significance test dropped at its (positive) estimate
+                counted = summarize_serving_prediction(
+                    timed, predict_serving(UnitTable.build(cand, {b: dataclasses.replace(p, **loose) for b, p in
+                                                                  {**profiles, **dr.profiles}.items()},
+                                                           policy=target.bucket_policy), timed, scheduler=sched),
+                    chips=tp)
                 meas = [summarize_serving(timed, ttft_s=run.ttft_s, e2e_s=run.e2e_s, total_s=run.total_s, chips=tp)
                         for run in runs]
                 for m in METRICS:
@@ -237,10 +301,34 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget) -> list[
                                  "corrected_error_%": err(corr[m], med),
                                  "corrected_no_resume_%": err(bare[m], med),
                                  "corrected_one_resume_%": err(whole[m], med),
-                                 "corrected_one_admission_%": err(one[m], med)})
+                                 "corrected_one_admission_%": err(one[m], med),
+                                 "corrected_dropped_counted_%": err(counted[m], med)})
                 print(f"  done: tp{tp} b{batch} {wname} at {rate:.2f} req/s ({frac:g} x saturation {sat:.2f})",
                       file=sys.stderr, flush=True)
+                if args.csv:
+                    write_csv(rows, args.csv)
     return rows
+
+
+def dropped_costs(row, adm, kv, resume) -> dict[str, object]:
+    """Profile fields for each host cost that the 3-standard-error test left at 0 though its estimate was positive."""
+    out: dict[str, object] = {}
+    if row is not None and row.value == 0 and row.raw > 0:
+        out["row_s"] = row.raw
+    if adm is not None:
+        first = adm.raw_first_s if adm.first_s == 0 and adm.raw_first_s > 0 else adm.first_s
+        if first != adm.first_s:
+            out["admit_first_s"] = first
+        if adm.next_s == 0 and adm.raw_next_s > 0:
+            out["admit_next_s"] = adm.raw_next_s
+        busy = adm.raw_busy_s if adm.busy_measured else first
+        if adm.busy_s == 0 and busy > 0:
+            out["admit_busy_s"] = busy
+    if kv is not None and kv.value == 0 and kv.raw > 0:
+        out["kv_token_s"] = kv.raw
+    if resume is not None and resume.value == 0 and resume.raw > 0:
+        out["resume_s"], out["resume_idle"] = resume.raw, ()
+    return out
 
 
 def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
@@ -257,7 +345,9 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
                       ("corrected_one_resume_%", "|error| corrected for drift, one resume cost after every pass "
                                                  "(the longest idle spell's)"),
                       ("corrected_one_admission_%", "|error| corrected for drift, one admission offset for idle and "
-                                                    "busy passes")):
+                                                    "busy passes"),
+                      ("corrected_dropped_counted_%", "|error| corrected for drift, every host cost within 3 standard "
+                                                      "errors of none counted at its positive estimate")):
         errs = np.abs([r[key] for r in rows])
         print(f"{what}: median {np.median(errs):.1f}%, p90 {np.percentile(errs, 90):.1f}%, max {errs.max():.1f}%; "
               f"within 10%: {(errs <= 10).sum()}/{len(errs)}")
@@ -269,12 +359,16 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
             e = np.abs([r[key] for r in rows if r["metric"] == metric])
             print(f"  {metric:10}: median {np.median(e):.1f}%, max {e.max():.1f}%, within 10%: {(e <= 10).sum()}/{len(e)}")
     if csv_path:
-        import csv
+        write_csv(rows, csv_path)
 
-        with open(csv_path, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+
+def write_csv(rows: list[dict], path: str) -> None:
+    import csv
+
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
 
 
 if __name__ == "__main__":

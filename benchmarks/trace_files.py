@@ -1,4 +1,5 @@
-"""Where the shared public traces live: ``shared/data/traces/`` beside the project (or above a worktree)."""
+"""Where the shared public traces live: ``shared/data/traces/`` beside the project (or above a worktree,
+or inside the checkout: a copy there, git-ignored, travels with the tree to another host)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +8,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def trace_path(name: str) -> Path:
-    """The trace file ``name`` in the nearest ``shared/data/traces/`` above the project root."""
-    for d in ROOT.parents:
+    """The trace file ``name`` in the nearest ``shared/data/traces/`` at or above the project root."""
+    for d in (ROOT, *ROOT.parents):
         p = d / "shared" / "data" / "traces" / name
         if p.is_file():
             return p

@@ -55,3 +55,28 @@ def test_a_space_whose_runner_does_not_serve_continuous_mode_fails_in_one_line(t
         "static (docs/serving.md says what a runner must do to serve it)"]
     proc = run("--space", str(tmp_path / "missing.toml"), cwd=tmp_path)
     assert proc.returncode == 2 and "missing.toml" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_time_budget_lists_what_it_skipped_and_the_csv_holds_what_ran(tmp_path):
+    if not trace_path("azure_conv_2023.csv").is_file():
+        pytest.skip("trace azure_conv_2023.csv is absent (it lives in ../shared/data/traces beside the project)")
+    out = tmp_path / "t.csv"
+    proc = run("--runner", "sim", "--hardware", "inf2", "--units", "1x4,1x8", "--requests", "16", "--repeats", "1",
+               "--rates", "0.8", "--budget-s", "0", "--csv", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the first unit's first workload always runs; everything after it is past a budget of 0 s
+    assert "skipped (time budget of 0 s): tp1 b4 azure-conv (trace arrivals), tp1 b8" in proc.stdout
+    rows = list(csv.DictReader(out.open()))
+    assert {(r["unit"], r["workload"]) for r in rows} == {("inf2 tp1 b4", "sharegpt (Poisson)")}
+    assert len(rows) == 7  # one rate x seven metrics
+
+
+def test_gpu_on_a_machine_where_jax_sees_none_fails_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--gpu"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "serving_accuracy: --gpu: JAX sees no GPU here (backend 'cpu'); run it on the GPU host with JAX's CUDA "
+        "plugin, or leave --gpu out for this CPU"]
+    proc = run("--gpu", "--runner", "sim", cwd=tmp_path)
+    assert proc.returncode == 2 and "--gpu is for --runner jax" in proc.stderr and "Traceback" not in proc.stderr
