@@ -6,8 +6,10 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
+from lens.compose import UnitTable  # noqa: E402
 from lens.errors import UserError  # noqa: E402
-from lens.types import Candidate, ModelShape, Requests, Target  # noqa: E402
+from lens.serving import predict_serving  # noqa: E402
+from lens.types import BucketProfile, Candidate, ModelShape, Requests, Target  # noqa: E402
 from runners import get_runner  # noqa: E402
 
 BUCKETS = (16, 32, 64)
@@ -50,6 +52,19 @@ def test_fifo_admission_into_at_most_batch_slots(served):
     # a request whose slot frees during a decode step joins before the next one: the decode
     # steps counted equal those of the machine (each step advances every live slot by one)
     assert served.decode_steps >= max(OUT_LEN) - 1
+
+
+def test_every_slot_freed_while_requests_wait_is_refilled_at_that_step_boundary(served):
+    """With every request waiting from the start, the machine's schedule depends on the lengths alone: the
+    served loop (which keeps a step queued behind the running one) must run exactly its decode steps."""
+    profiles = {b: BucketProfile(bucket=b, ttft_s=1e-3, tbt_s=1e-4, input_len=1, l1=1, l2=2, t1_s=0.0, t2_s=0.0,
+                                 repeats=1, spread=0.0) for b in BUCKETS}
+    table = UnitTable.build(Candidate(1, 2, BUCKETS, BUCKETS), profiles, policy="exclusive")
+    req = Requests(np.array([len(p) for p in PROMPTS]), np.array(OUT_LEN), np.zeros(len(PROMPTS)))
+    machine = predict_serving(table, req)
+    assert served.decode_steps == machine.decode_steps
+    # and in the machine's order: the same requests share the same slots' turns
+    assert list(np.argsort(served.admit_s, kind="stable")) == list(np.argsort(machine.admit_s, kind="stable"))
 
 
 def test_requests_are_released_at_their_arrival_times(runner):
