@@ -249,7 +249,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
         loose = dropped_costs(row, adm, kv, resume)
         if loose:
             print(f"{target.hardware} tp{tp} b{batch}: within 3 standard errors of none, not counted: "
-                  f"{', '.join(f'{k} {v}' for k, v in loose.items())}", file=sys.stderr)
+                  f"{', '.join(f'{k} {v:.3g}' for k, v in loose.items() if isinstance(v, float))}", file=sys.stderr)
         cand = Candidate(tp, batch, buckets, buckets)
         table = UnitTable.build(cand, profiles, policy=target.bucket_policy)
         serving = dataclasses.replace(target, serving="continuous")
