@@ -145,9 +145,9 @@ def main(argv=None) -> int:
     # read when jax starts (get_runner imports it); the last one in XLA_FLAGS wins
     pool = "true" if args.xla_threads == "many" else "false"
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_cpu_multi_thread_eigen={pool}").strip()
-    if args.gpu and (args.runner != "jax" or args.space):
-        ap.error("--gpu is for --runner jax")
     if args.gpu:
+        if args.runner != "jax" or args.space:
+            ap.error("--gpu is for --runner jax")
         # allocate on demand (the default claims 75% of the GPU at the first array)
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -284,7 +284,8 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                     timed, predict_serving(dataclasses.replace(side, admit_busy_s=side.admit_first_s), timed,
                                            scheduler=sched), chips=tp)
                 # and with every host cost that the significance test dropped at its (positive) estimate
-                counted = summarize_serving_prediction(
+                # (none dropped: the corrected prediction itself)
+                counted = corr if not loose else summarize_serving_prediction(
                     timed, predict_serving(UnitTable.build(cand, {b: dataclasses.replace(p, **loose) for b, p in
                                                                   {**profiles, **dr.profiles}.items()},
                                                            policy=target.bucket_policy), timed, scheduler=sched),

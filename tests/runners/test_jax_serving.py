@@ -56,7 +56,8 @@ def test_fifo_admission_into_at_most_batch_slots(served):
 
 def test_every_slot_freed_while_requests_wait_is_refilled_at_that_step_boundary(served):
     """With every request waiting from the start, the machine's schedule depends on the lengths alone: the
-    served loop (which keeps a step queued behind the running one) must run exactly its decode steps."""
+    served loop (which queues decode steps ahead of the device between its waits) must run exactly its decode
+    steps."""
     profiles = {b: BucketProfile(bucket=b, ttft_s=1e-3, tbt_s=1e-4, input_len=1, l1=1, l2=2, t1_s=0.0, t2_s=0.0,
                                  repeats=1, spread=0.0) for b in BUCKETS}
     table = UnitTable.build(Candidate(1, 2, BUCKETS, BUCKETS), profiles, policy="exclusive")
