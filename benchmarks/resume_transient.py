@@ -3,11 +3,10 @@
 A diagnostic for docs/serving.md ("What resuming the decode costs"): for each decode bucket
 and each prefill bucket no larger than it, a unit decodes 30 steps, runs one prefill, then
 decodes ``--steps`` steps with a wait after each. It prints every step's seconds over the
-steady step (the same bucket's steps with a wait after each, in control rounds without the prefill, each
-beside a round with it) and
-the excess of those steps over as many steady ones: what a served pass that stops a running
-decode costs the decode that follows it, by the size of its prefill. ``--repeats`` rounds,
-median per step.
+steady step (the same bucket's steps with a wait after each, in a control round without the
+prefill beside each round with it) and the excess of those steps over as many steady ones:
+what a served pass that stops a running decode costs the decode that follows it, by the
+size of its prefill. ``--repeats`` rounds, median per step.
 
     python benchmarks/resume_transient.py [--batch 4] [--steps 24] [--repeats 8] [--gpu]
 

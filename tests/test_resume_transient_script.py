@@ -20,8 +20,7 @@ def test_every_prefill_bucket_up_to_each_decode_bucket_gets_its_steps_and_excess
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = re.findall(r"prefill +(\d+) \( *([\d.]+) ms, steady step ([\d.]+)\): ((?:[\d.]+ ?){3}) +excess ([+-][\d.]+) ms",
                       proc.stdout)
-    pairs = [(d, p) for d in BUCKETS for p in BUCKETS if p <= d]
-    assert [int(r[0]) for r in rows] == [p for _, p in pairs]
+    assert [int(r[0]) for r in rows] == [p for d in BUCKETS for p in BUCKETS if p <= d]
     for _, pre, steady, steps, _ in rows:
         assert float(pre) > 0 and float(steady) > 0
         assert len(steps.split()) == 3 and all(float(x) > 0 for x in steps.split())
