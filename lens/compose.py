@@ -37,7 +37,7 @@ from .admission import unit_admission
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .context_cost import host_row_s, reference_context, unit_context_cost, unread_tbt_s
 from .errors import MissingProfiles, UserError
-from .resume import unit_by_idle, unit_resume
+from .resume import unit_by_idle, unit_by_pass, unit_resume
 from .rows import unit_row_s
 from .types import BATCHING, PREFILLS, BucketProfile, Candidate, Requests
 
@@ -83,6 +83,9 @@ class UnitTable:
     #: (idle seconds before a pass, what the first decode run after it costs) at each idle spell measured
     #: (``lens.resume``; empty: ``resume_s`` after any pass)
     resume_idle: tuple[tuple[float, float], ...] = ()
+    #: (a pass's seconds, what the first decode run after it costs) for a pass that stops a running decode, per
+    #: prefill size measured (``lens.busy_resume``; empty: ``resume_idle``'s shortest spell prices it)
+    resume_busy: tuple[tuple[float, float], ...] = ()
 
     @classmethod
     def build(
@@ -125,6 +128,7 @@ class UnitTable:
             resume_s=unit_resume([profiles[b] for b in tkg]),
             admit_busy_s=admit[2],
             resume_idle=unit_by_idle([profiles[b] for b in tkg]),
+            resume_busy=unit_by_pass([profiles[b] for b in tkg]),
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":

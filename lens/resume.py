@@ -120,6 +120,11 @@ def unit_by_idle(profiles: Sequence[BucketProfile]) -> tuple[tuple[float, float]
     return next((p.resume_idle for p in profiles if p.resume_idle), ())
 
 
+def unit_by_pass(profiles: Sequence[BucketProfile]) -> tuple[tuple[float, float], ...]:
+    """A unit's ``resume_busy`` from its profiles (one measurement gives them all the same); () without."""
+    return next((p.resume_busy for p in profiles if p.resume_busy), ())
+
+
 def curve(resume_s: float, by_idle: Sequence[tuple[float, float]] = ()) -> tuple[list[float], list[float]]:
     """(idle spells, costs) for ``after_idle``: the measured ones, or ``resume_s`` after any spell without them."""
     if not by_idle:

@@ -15,9 +15,12 @@ to cost against its static profile: ``lens.admission``).
 On a unit whose decode kernel reads only the rows' own KV (``kv_token_s`` > 0,
 ``lens.context_cost``) a step costs TBT_b less what the probes' rows read, plus what the
 live rows read at their contexts. The first decode run after a pass that leaves a live row
-costs what resuming the decode after a prefill costs (``lens.resume``) at the idle spell
-before the pass: the shortest measured spell's for a pass that finds the device busy,
-``resume_s`` after any pass when no spells were measured.
+costs what resuming the decode after a prefill costs: after a pass that found the device
+busy, the cost at the seconds of the pass's largest prefill (``lens.busy_resume``); after
+one that found it idle, the cost at the idle spell before it (``lens.resume``), or the busy
+one at its prefill when that is more (a cold host and a large prefill, neither measured with
+the other: the larger counts). A unit without the busy measurement prices a busy pass at the
+shortest measured spell, and one without spells ``resume_s`` after any pass.
 
 Between two events (an admission, a completion) the live set is fixed and the longest
 context grows by one per step, so a run of k steps costs C(c + k) - C(c) with C the prefix
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .buckets import select_index
+from .busy_resume import after_pass
 from .compose import UnitTable, check_fit
 from .errors import UserError
 from .resume import after_idle, curve
@@ -114,7 +118,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
         batched=table.prefill == "batched", row_s=row_s,
         admit=(table.admit_first_s, table.admit_next_s, table.admit_busy_s), kv=kv,
-        resume=curve(table.resume_s, table.resume_idle),
+        resume=curve(table.resume_s, table.resume_idle), busy_resume=table.resume_busy,
     )
     out = [np.empty(n) for _ in range(3)]
     for dst, src in zip(out, (start, first, finish)):
@@ -135,7 +139,8 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
 
 def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
                 row_s: float = 0.0, admit: tuple[float, float, float] = (0.0, 0.0, 0.0), kv: float = 0.0,
-                resume: tuple[list[float], list[float]] = ([0.0], [0.0])):
+                resume: tuple[list[float], list[float]] = ([0.0], [0.0]),
+                busy_resume: tuple[tuple[float, float], ...] = ()):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
     ``ci``: each request's context-encoding bucket index; ``ttft``: TTFT_b per bucket (one
@@ -145,7 +150,9 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     of a pass that does not (``lens.admission``; a batched pass is one call: a first only); ``kv``: seconds
     per context token of each live row per step (``lens.context_cost``; ``cum`` then holds TBT_b less the
     probes' reads, and ``row_s`` the host's part of the row cost); ``resume``: (idle spells, seconds) the first decode
-    run after a pass costs beyond its steps by the idle spell before the pass (``lens.resume.curve``).
+    run after a pass costs beyond its steps by the idle spell before the pass (``lens.resume.curve``);
+    ``busy_resume``: (a pass's seconds, what it costs) by the pass's largest prefill (``lens.busy_resume``; empty:
+    a busy pass costs the shortest spell's).
     Returns per-request admission, first-token and last-token times, the number of decode
     steps, the busy seconds, the KV positions the decode steps computed (for padding) and
     the bucket index of every batched prefill call.
@@ -215,7 +222,12 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 heapq.heappush(bases, (g - lin_l[i], i))
                 sb += lin_l[i] - g
             # the decode resumes after this pass (no live row: no decode, and it is dropped below)
-            pending = after_idle(spell, *resume)
+            if busy_resume:
+                largest = ttft_l[calls[-1]] if batched else max(pre_l[i] for i in took)
+                by_pass = after_pass(largest + admit[2], busy_resume)
+                pending = max(after_idle(spell, *resume), by_pass) if spell else by_pass
+            else:
+                pending = after_idle(spell, *resume)
             spell = 0.0
         if not nlive:
             pending = 0.0

@@ -270,6 +270,10 @@ class BucketProfile:
     #: (idle seconds before a served pass, seconds the first decode run after it costs beyond its steps) at each
     #: idle spell measured, shortest first (lens.resume; empty: ``resume_s`` after any pass)
     resume_idle: tuple[tuple[float, float], ...] = ()
+    #: (a served pass's seconds, seconds the first decode run after it costs beyond its steps) for a pass that stops
+    #: a running decode, per prefill size measured, shortest first (lens.busy_resume; empty: ``resume_idle``'s
+    #: shortest spell prices such a pass)
+    resume_busy: tuple[tuple[float, float], ...] = ()
 
     @property
     def rel_err(self) -> float:

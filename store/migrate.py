@@ -43,7 +43,9 @@ def fill_added(row: Mapping[str, Any], prefill: str = PREFILLS[0]) -> dict[str, 
             # schema 8: a busy pass's first prompt was priced as an idle pass's (one offset for both)
             "admit_busy_s": row.get("admit_first_s", 0.0),
             # schema 9: one resume cost after any pass, whatever the idle spell before it
-            "resume_idle": "[]"}
+            "resume_idle": "[]",
+            # schema 10: a busy pass's resume priced at the shortest idle spell, whatever its prefill
+            "resume_busy": "[]"}
 
 
 def spreads_from_raw(con: sqlite3.Connection) -> None:

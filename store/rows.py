@@ -140,19 +140,19 @@ def _times_json(v: Any, *, text: bool) -> str:
     return json.dumps(out)
 
 
-def _idle_pairs_json(v: Any, *, text: bool) -> str:
-    """A JSON list of [idle seconds (finite, >= 0), seconds (finite, either sign)] pairs, idle spells increasing,
+def _pairs_json(v: Any, *, text: bool, key: str) -> str:
+    """A JSON list of [``key`` (finite, >= 0), seconds (finite, either sign)] pairs, ``key`` increasing,
     re-serialised canonically."""
     out = []
-    for x in _json_list(v, text=text, what="[idle seconds, seconds] pairs"):
+    for x in _json_list(v, text=text, what=f"[{key}, seconds] pairs"):
         if not isinstance(x, (list, tuple)) or len(x) != 2:
-            raise BadValue(f"element {x!r} is not an [idle seconds, seconds] pair")
+            raise BadValue(f"element {x!r} is not an [{key}, seconds] pair")
         try:
             pair = [as_seconds(x[0], text=False), as_offset(x[1], text=False)]
         except BadValue as exc:
             raise BadValue(f"element {x!r}: {exc}") from None
         if out and pair[0] <= out[-1][0]:
-            raise BadValue(f"element {x!r}: idle spells must increase")
+            raise BadValue(f"element {x!r}: the {key} must increase")
         out.append(pair)
     return json.dumps(out)
 
@@ -190,7 +190,8 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "kv_token_s": f, "row_context": f,  # seconds per token; tokens (both finite, >= 0)
         "resume_s": off,  # seconds, of either sign (lens.resume bounds it at minus one step)
         "admit_busy_s": off,
-        "resume_idle": lambda v: _idle_pairs_json(v, text=text),  # [[idle seconds, seconds], ...] (lens.resume)
+        "resume_idle": lambda v: _pairs_json(v, text=text, key="idle seconds"),  # (lens.resume)
+        "resume_busy": lambda v: _pairs_json(v, text=text, key="pass seconds"),  # (lens.busy_resume)
     }
 
 
@@ -227,7 +228,7 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "ttft_err_s": p.ttft_err_s, "tbt_err_s": p.tbt_err_s, "excess": p.excess, "accepted": p.accepted,
         "row_s": p.row_s, "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
         "kv_token_s": p.kv_token_s, "row_context": p.row_context, "resume_s": p.resume_s,
-        "admit_busy_s": p.admit_busy_s, "resume_idle": p.resume_idle,
+        "admit_busy_s": p.admit_busy_s, "resume_idle": p.resume_idle, "resume_busy": p.resume_busy,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -256,6 +257,7 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         kv_token_s=float(r["kv_token_s"]), row_context=float(r["row_context"]), resume_s=float(r["resume_s"]),
         admit_busy_s=float(r["admit_busy_s"]),
         resume_idle=tuple((float(i), float(c)) for i, c in json.loads(r["resume_idle"])),
+        resume_busy=tuple((float(x), float(c)) for x, c in json.loads(r["resume_busy"])),
     )
 
 

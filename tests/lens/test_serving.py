@@ -206,8 +206,25 @@ def test_the_resume_cost_follows_the_idle_spell_before_the_pass():
     close(p.finish_s, [3.2, 3.2])
 
 
+def test_a_busy_pass_pays_the_resume_cost_of_its_largest_prefill():
+    # by pass seconds: 0.2 after a 1.0 s prefill, 0.6 after a 2.0 s one; by idle spell as above. r0 (3 in, 3 out)
+    # at 0 finds the device idle: prefill -> 1.0, the larger of the spell's 0.5 and the prefill's 0.2 + a step ->
+    # 1.6. r1 (10 in: bucket 16, prefill 2.0; 2 out) arrived at 1.05 and stops the decode: -> 3.6; its prefill's
+    # 0.6 + a step for both (longest context 11: bucket 16, 0.3) -> 4.5
+    by_idle, by_pass = ((0.2, 0.1), (1.0, 0.5)), ((1.0, 0.2), (2.0, 0.6))
+    req = Requests([3, 10], [3, 2], np.array([0.0, 1.05]))
+    p = predict_serving(table(2, resume=0.5, by_idle=by_idle, by_pass=by_pass), req)
+    close(p.first_s, [1.0, 3.6])
+    close(p.finish_s, [4.5, 4.5])
+    # without it, the shortest spell's 0.1 whatever the prefill
+    close(predict_serving(table(2, resume=0.5, by_idle=by_idle), req).finish_s, [4.0, 4.0])
+    # a cold device and a small prefill: the spell's cost is the larger (r0 alone: 1.0 + 0.5 + 2 steps)
+    close(predict_serving(table(2, resume=0.5, by_idle=by_idle, by_pass=by_pass),
+                          Requests([3], [3], np.zeros(1))).finish_s, [1.7])
+
+
 def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", prefill="sequential", row_s=0.0,
-              admit=(0.0, 0.0), kv=0.0, row_context=0.0, resume=0.0, by_idle=()):
+              admit=(0.0, 0.0), kv=0.0, row_context=0.0, resume=0.0, by_idle=(), by_pass=()):
     """The machine of docs/serving.md stepped one decode iteration at a time (no jumps); a free slot
     saves ``row_s`` of every step; a pass's first prompt costs ``admit[0]`` more after the device idled (a run
     starts idle) and ``admit[2]`` (``admit[0]`` when not given) otherwise, each further one ``admit[1]``;
@@ -215,13 +232,21 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
     and a free slot saves only the host's part of ``row_s`` (what is left beyond a row's reads at ``row_context``);
     the first step after an iteration that prefilled anything costs ``resume`` more, or with ``by_idle`` what its
     (idle seconds, cost) pairs give, linear between, flat beyond, for the seconds the device waited idle before
-    that iteration (0 when it did not; a run starts idle for longer than any)."""
+    that iteration (0 when it did not; a run starts idle for longer than any); with ``by_pass``, after an iteration
+    that did not idle what its (pass seconds, cost) pairs give at its largest prompt's TTFT plus the busy offset,
+    and after one that did the larger of that and the spell's."""
 
     def resume_after(spell):
         if not by_idle:
             return resume
         xs, ys = [x for x, _ in by_idle], [y for _, y in by_idle]
         return float(np.interp(spell, xs, ys))
+
+    def resume_by(spell, largest):
+        if not by_pass:
+            return resume_after(spell)
+        cost = float(np.interp(largest + busy(admit), [x for x, _ in by_pass], [y for _, y in by_pass]))
+        return max(resume_after(spell), cost) if spell else cost
 
     n = len(lin)
     order = sorted(range(n), key=lambda i: (arr[i], i))
@@ -236,8 +261,10 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
                 and arr[order[q]] <= horizon + 1e-9:
             took.append(order[q])
             q += 1
+        largest = 0.0  # the TTFT of the iteration's largest prompt
         if took:
-            t += TTFT[select(max(lin[i] for i in took), (8, 16), policy)] + first_cost[not idled]
+            largest = TTFT[select(max(lin[i] for i in took), (8, 16), policy)]
+            t += largest + first_cost[not idled]
             for i in took:
                 first[i] = t
                 if lout[i] == 1:
@@ -247,6 +274,7 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
         while prefill == "sequential" and len(slots) < batch and q < n and (cap == 0 or k < cap) \
                 and arr[order[q]] <= (t if eager else horizon) + 1e-9:
             i = order[q]
+            largest = max(largest, TTFT[select(lin[i], (8, 16), policy)])
             t += TTFT[select(lin[i], (8, 16), policy)] + (admit[1] if k else first_cost[not idled])
             q, k = q + 1, k + 1
             first[i] = t
@@ -263,7 +291,7 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
                 t, idled = arr[order[q]], True
             continue
         if took or k:
-            t += resume_after(spell if was_idle else 0.0)
+            t += resume_by(spell if was_idle else 0.0, largest)
         longest = max(lin[i] + s + 1 for i, s in slots.items())
         host = max(row_s - kv * row_context, 0.0)
         reads = sum(lin[i] + s + 1 for i, s in slots.items())
@@ -276,18 +304,21 @@ def reference(batch, lin, lout, arr, *, cap=0, eager=True, policy="exclusive", p
     return np.asarray(first), np.asarray(finish)
 
 
-@pytest.mark.parametrize("row_s, admit, kv, resume, by_idle", [
-    (0.0, (0.0, 0.0), 0.0, 0.0, ()), (0.02, (0.0, 0.0), 0.0, 0.0, ()), (0.0, (0.3, -0.1), 0.0, 0.0, ()),
-    (0.02, (0.0, 0.0), 0.003, 0.0, ()), (0.0, (0.3, -0.1), 0.001, 0.0, ()), (0.0, (0.0, 0.0), 0.0, 0.25, ()),
-    (0.02, (0.3, -0.1), 0.001, 0.07, ()), (0.0, (0.3, -0.1, -0.2), 0.0, 0.0, ()),
-    (0.02, (0.3, 0.1, 0.05), 0.001, 0.07, ()),
+@pytest.mark.parametrize("row_s, admit, kv, resume, by_idle, by_pass", [
+    (0.0, (0.0, 0.0), 0.0, 0.0, (), ()), (0.02, (0.0, 0.0), 0.0, 0.0, (), ()), (0.0, (0.3, -0.1), 0.0, 0.0, (), ()),
+    (0.02, (0.0, 0.0), 0.003, 0.0, (), ()), (0.0, (0.3, -0.1), 0.001, 0.0, (), ()),
+    (0.0, (0.0, 0.0), 0.0, 0.25, (), ()), (0.02, (0.3, -0.1), 0.001, 0.07, (), ()),
+    (0.0, (0.3, -0.1, -0.2), 0.0, 0.0, (), ()), (0.02, (0.3, 0.1, 0.05), 0.001, 0.07, (), ()),
     # the resume cost by the idle spell before the pass: a busy pass pays the shortest spell's
-    (0.0, (0.0, 0.0), 0.0, 0.25, ((0.01, 0.05), (0.3, 0.15), (1.0, 0.25))),
-    (0.02, (0.3, 0.1, 0.05), 0.001, 0.07, ((0.05, 0.01), (2.0, 0.07))),
+    (0.0, (0.0, 0.0), 0.0, 0.25, ((0.01, 0.05), (0.3, 0.15), (1.0, 0.25)), ()),
+    (0.02, (0.3, 0.1, 0.05), 0.001, 0.07, ((0.05, 0.01), (2.0, 0.07)), ()),
+    # and a busy pass by its largest prefill (an idle one: the larger of the two)
+    (0.0, (0.0, 0.0), 0.0, 0.25, ((0.01, 0.05), (0.3, 0.15), (1.0, 0.25)), ((1.0, 0.1), (2.0, 0.4))),
+    (0.02, (0.3, 0.1, 0.05), 0.001, 0.07, ((0.05, 0.01), (2.0, 0.07)), ((1.05, 0.02), (2.05, 0.05))),
 ])
 @pytest.mark.parametrize("prefill", ["sequential", "batched"])
 @pytest.mark.parametrize("seed", range(12))
-def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit, kv, resume, by_idle):
+def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit, kv, resume, by_idle, by_pass):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 40))
     batch = int(rng.integers(1, 5))
@@ -298,12 +329,12 @@ def test_event_jumps_match_stepping_every_iteration(seed, prefill, row_s, admit,
     eager = bool(rng.integers(0, 2))
     row_context = 4.0 if kv else 0.0
     p = predict_serving(table(batch, prefill=prefill, row_s=row_s, admit=admit, kv=kv, row_context=row_context,
-                              resume=resume, by_idle=by_idle),
+                              resume=resume, by_idle=by_idle, by_pass=by_pass),
                         Requests(lin, lout, arr),
                         scheduler=Scheduler(max_prefills=cap, prefill_priority="prefill" if eager else "decode"))
     first, finish = reference(batch, lin.tolist(), lout.tolist(), arr.tolist(), cap=cap, eager=eager,
                               prefill=prefill, row_s=row_s, admit=admit, kv=kv, row_context=row_context,
-                              resume=resume, by_idle=by_idle)
+                              resume=resume, by_idle=by_idle, by_pass=by_pass)
     np.testing.assert_allclose(p.first_s, first, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(p.finish_s, finish, rtol=1e-9, atol=1e-9)
 

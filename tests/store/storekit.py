@@ -40,7 +40,7 @@ def profile(bucket: int, **kw) -> BucketProfile:
         l1=4, l2=64, t1_s=0.123456789012345, t2_s=0.987654321, repeats=3, spread=0.0125,
         runner="sim", host="host-a", measured_at=1_700_000_000.123, simulated=True,
         raw_t1=(0.12, 0.123456789012345, 0.13), raw_t2=(0.98, 0.99, 1e-9), source="simulated",
-        resume_s=0.005, resume_idle=((0.004, 0.001), (0.1, 0.005)),
+        resume_s=0.005, resume_idle=((0.004, 0.001), (0.1, 0.005)), resume_busy=((0.005, 0.001), (0.04, 0.008)),
     )
     base.update(kw)
     return BucketProfile(**base)

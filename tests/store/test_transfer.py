@@ -56,9 +56,11 @@ def _exported_csv(tmp_path, cache) -> pd.DataFrame:
     ("tp", "2.5", "not an integer"),
     ("raw_t2", "[0.1, -2]", "negative"),
     ("simulated", "maybe", "0/1"),
-    ("resume_idle", "[[0.001, 0.002], [0.001, 0.004]]", "idle spells must increase"),
+    ("resume_idle", "[[0.001, 0.002], [0.001, 0.004]]", "the idle seconds must increase"),
     ("resume_idle", "[[-0.001, 0.002]]", "negative"),
     ("resume_idle", "[0.001, 0.002]", "not an [idle seconds, seconds] pair"),
+    ("resume_busy", "[[0.02, 0.002], [0.01, 0.004]]", "the pass seconds must increase"),
+    ("resume_busy", "[[0.01, \"x\"]]", "not a number"),
 ])
 def test_import_bad_value_names_row_and_column(tmp_path, cache, column, value, problem):
     df = _exported_csv(tmp_path, cache)
