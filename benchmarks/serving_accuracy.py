@@ -71,7 +71,8 @@ from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E4
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.drift_check import DriftCheck, checked  # noqa: E402
-from search.measure import measure_admission, measure_context_cost, measure_resume, measure_row_cost  # noqa: E402
+from search.measure import (measure_admission, measure_busy_resume, measure_context_cost, measure_resume,  # noqa: E402
+                            measure_row_cost)
 from spaces import Budget, ProfileSettings  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
@@ -246,7 +247,13 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
             profiles = {b: dataclasses.replace(p, resume_s=resume.value, resume_idle=resume.by_idle)
                         for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: resuming the decode: {resume.said()}", file=sys.stderr)
-        loose = dropped_costs(row, adm, kv, resume)
+        # what a pass that stops a running decode costs the decode after it (lens.busy_resume), as profiling does
+        busy, _ = measure_busy_resume(runner, dataclasses.replace(target, serving="continuous"), tp, batch,
+                                      profiles, buckets)
+        if busy is not None:
+            profiles = {b: dataclasses.replace(p, resume_busy=busy.by_pass) for b, p in profiles.items()}
+            print(f"{target.hardware} tp{tp} b{batch}: resuming the decode {busy.said()}", file=sys.stderr)
+        loose = dropped_costs(row, adm, kv, resume, busy)
         if loose:
             print(f"{target.hardware} tp{tp} b{batch}: within 3 standard errors of none, not counted: "
                   f"{', '.join(f'{k} {v:.3g}' for k, v in loose.items() if isinstance(v, float))}", file=sys.stderr)
@@ -279,6 +286,10 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 whole = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, resume_idle=()), timed, scheduler=sched),
                     chips=tp)
+                # and with a busy pass's resume priced at the shortest idle spell, whatever its prefill
+                flat = summarize_serving_prediction(
+                    timed, predict_serving(dataclasses.replace(side, resume_busy=()), timed, scheduler=sched),
+                    chips=tp)
                 # and with one admission offset for every pass, idle or not (lens.admission before admit_busy_s)
                 one = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, admit_busy_s=side.admit_first_s), timed,
@@ -303,6 +314,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                                  "corrected_no_resume_%": err(bare[m], med),
                                  "corrected_one_resume_%": err(whole[m], med),
                                  "corrected_one_admission_%": err(one[m], med),
+                                 "corrected_no_busy_resume_%": err(flat[m], med),
                                  "corrected_dropped_counted_%": err(counted[m], med)})
                 print(f"  done: tp{tp} b{batch} {wname} at {rate:.2f} req/s ({frac:g} x saturation {sat:.2f})",
                       file=sys.stderr, flush=True)
@@ -311,7 +323,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
     return rows
 
 
-def dropped_costs(row, adm, kv, resume) -> dict[str, object]:
+def dropped_costs(row, adm, kv, resume, after_busy=None) -> dict[str, object]:
     """Profile fields for each host cost that the 3-standard-error test left at 0 though its estimate was positive."""
     out: dict[str, object] = {}
     if row is not None and row.value == 0 and row.raw > 0:
@@ -329,6 +341,8 @@ def dropped_costs(row, adm, kv, resume) -> dict[str, object]:
         out["kv_token_s"] = kv.raw
     if resume is not None and resume.value == 0 and resume.raw > 0:
         out["resume_s"], out["resume_idle"] = resume.raw, ()
+    if after_busy is not None and after_busy.levels and after_busy.ratio == 0 and after_busy.raw > 0:
+        out["resume_busy"] = dataclasses.replace(after_busy, ratio=after_busy.raw).by_pass
     return out
 
 
@@ -347,6 +361,8 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
                                                  "(the longest idle spell's)"),
                       ("corrected_one_admission_%", "|error| corrected for drift, one admission offset for idle and "
                                                     "busy passes"),
+                      ("corrected_no_busy_resume_%", "|error| corrected for drift, a busy pass's resume cost at the "
+                                                     "shortest idle spell's whatever its prefill (lens.busy_resume)"),
                       ("corrected_dropped_counted_%", "|error| corrected for drift, every host cost within 3 standard "
                                                       "errors of none counted at its positive estimate")):
         errs = np.abs([r[key] for r in rows])

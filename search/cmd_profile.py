@@ -112,7 +112,8 @@ def cmd_profile(args) -> int:
                                   "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
                                   "kv_token_s": p.kv_token_s, "row_context": p.row_context,
                                   "resume_s": p.resume_s, "admit_busy_s": p.admit_busy_s,
-                                  "resume_idle": [list(x) for x in p.resume_idle]}
+                                  "resume_idle": [list(x) for x in p.resume_idle],
+                                  "resume_busy": [list(x) for x in p.resume_busy]}
                          for b, p in profiles.items()},
             "row_cost": None if out.rows is None else {
                 "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,
@@ -133,6 +134,13 @@ def cmd_profile(args) -> int:
                 "bucket": out.resume.bucket, "prompt": out.resume.prompt, "step_s": out.resume.step_s,
                 "by_idle": [{"idle_s": i, "resume_s": c} for i, c in out.resume.by_idle],
                 "note": out.resume.note, "run_s": out.resume_s},
+            "busy_resume_cost": None if out.busy_resume is None else {
+                "ratio": out.busy_resume.ratio, "err": out.busy_resume.err, "raw": out.busy_resume.raw,
+                "bucket": out.busy_resume.bucket, "step_s": out.busy_resume.step_s,
+                "levels": [{"bucket": lv.bucket, "prompt": lv.prompt, "pass_s": lv.pass_s, "measured_s": lv.measured,
+                            "err_s": lv.err} for lv in out.busy_resume.levels],
+                "by_pass": [{"pass_s": x, "resume_s": c} for x, c in out.busy_resume.by_pass],
+                "note": out.busy_resume.note, "run_s": out.busy_resume_s},
             "noisy": {str(b): why for b, why in out.noisy.items()},
             "notes": {str(b): why for b, why in out.notes.items()},
         })
@@ -160,6 +168,8 @@ def cmd_profile(args) -> int:
               f"read ({out.context_s:.2f} s of runs{sim})")
     if out.resume is not None:
         print(f"resuming the decode: {out.resume.said()} ({out.resume_s:.2f} s of runs{sim})")
+    if out.busy_resume is not None:
+        print(f"resuming the decode {out.busy_resume.said()} ({out.busy_resume_s:.2f} s of runs{sim})")
     for b, why in sorted(out.notes.items()):
         print(f"bucket {b}: {why}")
     for why in out.noisy.values():

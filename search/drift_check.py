@@ -41,7 +41,7 @@ from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Refe
                         reference_probe)
 from lens.errors import one_line
 from lens.probes import BucketFit, NoisyMeasurement, assess, fit, plan_probes, to_profile
-from lens.resume import unit_by_idle, unit_resume
+from lens.resume import unit_by_idle, unit_by_pass, unit_resume
 from lens.rows import unit_row_s
 from lens.types import BucketProfile, Candidate, Probe, Requests, Target, Unit
 from runners import Runner
@@ -83,6 +83,7 @@ class DriftCheck:
     #: what a decode run costs after a served admission (``lens.resume``): the rounds run static probes only
     resume_s: float = 0.0
     resume_idle: tuple[tuple[float, float], ...] = ()
+    resume_busy: tuple[tuple[float, float], ...] = ()
     #: a served pass's first prompt when it stops a running decode (``lens.admission``), carried over as the others
     admit_busy_s: float = 0.0
 
@@ -114,7 +115,7 @@ class DriftCheck:
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
                    all_buckets, profile, side, probes, unit_row_s(cached), admit_first_s=first, admit_next_s=nxt,
                    kv_token_s=kv, row_context=row_context, resume_s=unit_resume(cached), admit_busy_s=busy,
-                   resume_idle=unit_by_idle(cached))
+                   resume_idle=unit_by_idle(cached), resume_busy=unit_by_pass(cached))
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
@@ -255,5 +256,6 @@ def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
         to_profile(f, accepted=assess(f, max_spread=check.profile.max_spread) is None, runner=name, host=res.host,
                    simulated=res.simulated), row_s=check.row_s, admit_first_s=check.admit_first_s,
         admit_next_s=check.admit_next_s, kv_token_s=check.kv_token_s, row_context=check.row_context,
-        resume_s=check.resume_s, admit_busy_s=check.admit_busy_s, resume_idle=check.resume_idle)
+        resume_s=check.resume_s, admit_busy_s=check.admit_busy_s, resume_idle=check.resume_idle,
+        resume_busy=check.resume_busy)
         for b, f in fits.items()}, ""

@@ -40,6 +40,10 @@ for the search); the caller stores what it returns, whole, in one transaction.
    longest spell's, and ``resume_idle``, the cost at each spell). Only as 7, and only for a
    target served continuously (``[target] serving``): it costs device time a static search
    would never use.
+10. What a served pass that stops a running decode costs the decode after it, by the size of
+    its prefill (``lens.busy_resume``): served calls of carrier requests, some stopped by
+    one-token requests of each measured context-encoding bucket; kept in every profile
+    (``resume_busy``). Only as 9.
 """
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from lens import admission as admission_cost
+from lens import busy_resume
 from lens import context_cost
 from lens import resume as resume_cost
 from lens import rows as row_cost
@@ -116,6 +121,10 @@ class UnitMeasurement:
     #: and its timed run seconds (in run_s)
     resume: resume_cost.ResumeCost | None = None
     resume_s: float = 0.0
+    #: what a served pass that stops a running decode costs the decode after it (lens.busy_resume); None when
+    #: not measured (as resume), and its timed run seconds (in run_s)
+    busy_resume: busy_resume.BusyResume | None = None
+    busy_resume_s: float = 0.0
 
     @property
     def hardware_s(self) -> float:
@@ -123,7 +132,8 @@ class UnitMeasurement:
 
     def _costs(self) -> dict[str, object]:
         return {what: c for what, c in (("the row cost", self.rows), ("the served admissions", self.admission),
-                                        ("a row's context cost", self.context), ("the resume cost", self.resume))
+                                        ("a row's context cost", self.context), ("the resume cost", self.resume),
+                                        ("the resume cost after a busy pass", self.busy_resume))
                 if c is not None}
 
     def host_costs(self) -> dict[str, str]:
@@ -330,6 +340,10 @@ def measure_unit(
     if resume is not None:
         profiles = {b: dataclasses.replace(p, resume_s=resume.value, resume_idle=resume.by_idle)
                     for b, p in profiles.items()}
+    busy, busy_spent = measure_busy_resume(runner, target, tp, batch, profiles, want)
+    compile_s, run_s = compile_s + busy_spent[0], run_s + busy_spent[1]
+    if busy is not None:
+        profiles = {b: dataclasses.replace(p, resume_busy=busy.by_pass) for b, p in profiles.items()}
     noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict[b]}
     return UnitMeasurement(
         tp=tp, batch=batch, profiles=profiles, compile_s=compile_s, run_s=run_s, host=result.host,
@@ -337,7 +351,7 @@ def measure_unit(
         noisy=noisy, attempts=attempt, bucket_s={b: runs.cost.get(b, 0.0) for b in want},
         notes={b: "; ".join(v) for b, v in notes.items()}, rows=rows, rows_s=rows_spent[1],
         admission=admission, admission_s=admission_spent[1], context=context, context_s=context_spent[1],
-        resume=resume, resume_s=resume_spent[1],
+        resume=resume, resume_s=resume_spent[1], busy_resume=busy, busy_resume_s=busy_spent[1],
     )
 
 
@@ -477,3 +491,32 @@ def measure_resume(runner: Runner, target: Target, tp: int, batch: int, profiles
         return (resume_cost.ResumeCost(0.0, 0.0, 0.0, p.bucket, prompt, note=_not_measured(exc)),
                 tuple(spent))
     return resume_cost.solve(rounds, p=p, prompt=prompt), tuple(spent)
+
+
+def measure_busy_resume(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
+                        buckets: Sequence[int]) -> tuple[busy_resume.BusyResume | None, tuple[float, float]]:
+    """What a served pass that stops a running decode costs the decode after it, by its prefill
+    (lens.busy_resume), measured with carriers in the smallest token-generation window that holds them, and its
+    (compile, run) seconds.
+
+    None (nothing measured) where ``measure_resume`` measures nothing, for a batch of one (no slot is free while
+    a carrier decodes) or where no window holds a carrier. A runner that fails it leaves none (the shortest idle
+    spell's cost prices such a pass), with the reason.
+    """
+    if target.batching != "static" or "continuous" not in runner.modes or target.serving != "continuous":
+        return None, (0.0, 0.0)
+    bk = tuple(sorted(buckets))
+    plan = busy_resume.plan(profiles, bk, target.bucket_policy, batch=batch)
+    if plan is None:
+        return None, (0.0, 0.0)
+    cand = Candidate(tp, batch, bk, bk)
+    rounds, spent = [], [0.0, 0.0]
+    try:
+        for _ in range(busy_resume.ROUNDS):
+            run = runner.run_workload(cand, plan.requests, mode="continuous")
+            spent[0] += run.compile_s
+            spent[1] += run.run_s
+            rounds.append(busy_resume.read(plan, run.ttft_s, run.e2e_s))
+    except (RunnerError, UserError) as exc:  # the profiles stand without it
+        return busy_resume.BusyResume(bucket=plan.bucket, note=_not_measured(exc)), tuple(spent)
+    return busy_resume.solve(rounds, plan), tuple(spent)

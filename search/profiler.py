@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from lens.errors import LensoptError, UnitCannotRun, UserError, one_line
 from lens.admission import AdmissionCost
 from lens.context_cost import ContextCost
+from lens.busy_resume import BusyResume
 from lens.resume import ResumeCost
 from lens.rows import RowCost
 from lens.types import BucketProfile, Target, Unit
@@ -79,6 +80,10 @@ class ProfileOutcome:
     #: what a decode run costs after a served admission (lens.resume; None: not measured) and its timed run seconds
     resume: ResumeCost | None = None
     resume_s: float = 0.0
+    #: what a served pass that stops a running decode costs the decode after it (lens.busy_resume; None: not
+    #: measured) and its timed run seconds
+    busy_resume: BusyResume | None = None
+    busy_resume_s: float = 0.0
 
 
 class LeaseKeeper:
@@ -175,7 +180,7 @@ def profile_missing(
         wall_s=time.perf_counter() - t0, simulated=m.simulated, noisy=dict(m.noisy), waited_s=waited,
         bucket_s=dict(m.bucket_s), notes=dict(m.notes), rows=m.rows, rows_s=m.rows_s,
         admission=m.admission, admission_s=m.admission_s, context=m.context, context_s=m.context_s,
-        resume=m.resume, resume_s=m.resume_s,
+        resume=m.resume, resume_s=m.resume_s, busy_resume=m.busy_resume, busy_resume_s=m.busy_resume_s,
     )
 
 

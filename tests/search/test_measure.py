@@ -133,7 +133,7 @@ def test_every_bucket_of_the_unit_gets_its_cost(repeats):
     m = measure_unit(sim(stragglers=False), tp=1, batch=2, buckets=BUCKETS, all_buckets=BUCKETS,
                      profile=ProfileSettings(repeats=repeats))
     # and the runs of the row cost, of the served admissions, of a row's context and of resuming the decode
-    assert sum(m.bucket_s.values()) + m.rows_s + m.admission_s + m.context_s + m.resume_s == \
+    assert sum(m.bucket_s.values()) + m.rows_s + m.admission_s + m.context_s + m.resume_s + m.busy_resume_s == \
         pytest.approx(m.run_s, rel=1e-9)
     assert all(p.repeats >= repeats for p in m.profiles.values())
     assert np.isfinite([p.ttft_err_s for p in m.profiles.values()]).all()
@@ -346,6 +346,40 @@ def test_a_stack_whose_decode_resumes_slowly_is_measured_and_a_steady_one_shows_
     assert {p.resume_s for p in m.profiles.values()} == {m.resume.value}
 
 
+def test_what_a_busy_pass_costs_the_decode_after_it_is_measured_by_its_prefill():
+    # the simulated stacks resume at their pace after any pass: none counted, as shipped
+    served = dataclasses.replace(sim(), serving="continuous")
+    m = measure_unit(served, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings())
+    b = m.busy_resume
+    assert b is not None and m.busy_resume_s > 0 and [lv.bucket for lv in b.levels] == list(BUCKETS[:2]), b
+    assert b.bucket in BUCKETS[:2] and b.ratio == 0.0 and "none counted" in b.note, b
+    assert {p.resume_busy for p in m.profiles.values()} == {b.by_pass} and all(y == 0 for _, y in b.by_pass)
+    # a stack whose decode pays 300 us per prompt token of each pass that stopped it: measured through the
+    # runner at each level (its prompt's cost), and counted
+    runner = get_runner(served)
+    plain = runner.run_workload
+
+    def slow_after_prefill(cand, requests, *, mode="static"):
+        run = plain(cand, requests, mode=mode)
+        if mode != "continuous" or requests.arrival_s is None:
+            return run
+        arr = requests.arrival_s
+        first, end = arr + run.ttft_s, arr + run.e2e_s
+        lone = requests.output_len == 1
+        extra = np.array([3e-4 * requests.input_len[lone & (arr >= first[i]) & (first <= end[i])].sum()
+                          if not lone[i] else 0.0 for i in range(len(requests))])
+        return dataclasses.replace(run, e2e_s=run.e2e_s + extra)
+
+    runner.run_workload = slow_after_prefill
+    m = measure_unit(served, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings(),
+                     runner=runner)
+    b = m.busy_resume
+    assert b.ratio > 0 and b.note == "", b
+    for lv in b.levels:
+        assert lv.measured == pytest.approx(3e-4 * lv.prompt, abs=3 * lv.err + 1e-4), b
+    assert {p.resume_busy for p in m.profiles.values()} == {b.by_pass}
+
+
 def test_a_runner_that_fails_the_served_workloads_leaves_their_costs_at_zero_and_says_which():
     served = dataclasses.replace(sim(noise=0.0, stragglers=False), serving="continuous")
     runner = get_runner(served)
@@ -362,7 +396,7 @@ def test_a_runner_that_fails_the_served_workloads_leaves_their_costs_at_zero_and
     gone = m.unmeasured()
     # the row cost and a row's context run static batches: measured; the admissions and the resume need a
     # served run: each left at 0, its note saying why, in one line
-    assert set(gone) == {"the served admissions", "the resume cost"}, gone
+    assert set(gone) == {"the served admissions", "the resume cost", "the resume cost after a busy pass"}, gone
     assert set(gone.values()) == {"not measured (RunnerError: the engine stopped with a second line)"}, gone
     assert {(p.admit_first_s, p.resume_s) for p in m.profiles.values()} == {(0.0, 0.0)}
     # a unit whose workloads all ran has nothing to say
@@ -373,3 +407,4 @@ def test_a_runner_that_fails_the_served_workloads_leaves_their_costs_at_zero_and
 def test_resuming_is_measured_only_for_a_target_served_continuously():
     m = measure_unit(sim(), tp=1, batch=4, buckets=BUCKETS[:1], all_buckets=BUCKETS, profile=ProfileSettings())
     assert m.resume is None and m.resume_s == 0.0 and all(p.resume_s == 0.0 for p in m.profiles.values())
+    assert m.busy_resume is None and m.busy_resume_s == 0.0 and all(p.resume_busy == () for p in m.profiles.values())

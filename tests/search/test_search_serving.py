@@ -29,6 +29,10 @@ def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
         costs = task["host_costs"]
         assert {"the served admissions", "the resume cost"} <= set(costs), costs
         assert "a pass's first prompt" in costs["the served admissions"] and "ms" in costs["the resume cost"]
+    # and, with a slot free while a carrier decodes (batch 4), what a busy pass costs the decode after it
+    busy = [t["host_costs"]["the resume cost after a busy pass"] for t in info["unit_tasks"]
+            if "the resume cost after a busy pass" in t["host_costs"]]
+    assert busy and all("per second of the pass's largest prefill" in b for b in busy), busy
     front = res.front
     assert len(front) >= 1 and (front["sustainable_rate_req_s_per_chip"] > 0).all()
     # the objective is the largest sustainable rate per chip, found by bisection on predictions
@@ -69,3 +73,22 @@ def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
     top = front.sort_values("rank").iloc[0]
     line = next(ln for ln in out.splitlines() if ln.split()[:3] == [str(top["rank"]), str(top["tp"]), str(top["batch"])])
     assert _num(top["sustainable_rate_req_s_per_chip"]) in line and _num(top["goodput_req_s_per_chip"]) in line
+
+
+def test_profile_json_of_a_served_target_gives_the_busy_pass_resume_per_level(tmp_path, capsys):
+    from search.cli import main
+
+    space = tmp_path / "serving.toml"
+    space.write_text(SERVING)
+    assert main(["profile", str(space), "--tp", "1", "--batch", "4", "--buckets", "128,256",
+                 "--cache", str(tmp_path / "cache.sqlite"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    busy = out["busy_resume_cost"]
+    assert [lv["bucket"] for lv in busy["levels"]] == [128, 256] and busy["run_s"] > 0
+    assert all(lv["pass_s"] > 0 and lv["err_s"] > 0 for lv in busy["levels"])
+    # every profile keeps the (pass seconds, cost) pairs the ratio gives at the levels
+    pairs = [[x["pass_s"], x["resume_s"]] for x in busy["by_pass"]]
+    assert [x for x, _ in pairs] == sorted(lv["pass_s"] for lv in busy["levels"])
+    assert [c for _, c in pairs] == [busy["ratio"] * x for x, _ in pairs]
+    for p in out["profiles"].values():
+        assert p["resume_busy"] == pairs
