@@ -51,7 +51,6 @@ cost at its shortest idle spell.
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -59,6 +58,7 @@ import numpy as np
 
 from .buckets import decode_windows
 from .noise import DRAWS, SEED, rounds_estimate
+from .resume import after_idle
 from .types import BucketProfile, Requests
 
 #: the most context-encoding buckets measured (the smallest and the largest, evenly between them)
@@ -134,15 +134,9 @@ class BusyResume:
 
 def after_pass(pass_s: float, pairs: Sequence[tuple[float, float]]) -> float:
     """What the first decode run after a busy pass whose largest prefill takes ``pass_s`` seconds costs beyond its
-    steps: ``pairs`` (``BusyResume.by_pass``, non-empty) interpolated by pass seconds, flat beyond either end."""
-    xs = [p for p, _ in pairs]
-    if pass_s <= xs[0]:
-        return pairs[0][1]
-    if pass_s >= xs[-1]:
-        return pairs[-1][1]
-    j = bisect.bisect_right(xs, pass_s)
-    (x0, y0), (x1, y1) = pairs[j - 1], pairs[j]
-    return y0 + (pass_s - x0) / (x1 - x0) * (y1 - y0) if x1 > x0 else y1
+    steps: ``pairs`` (``BusyResume.by_pass``, non-empty) interpolated by pass seconds, flat beyond either end (as
+    ``lens.resume.after_idle`` does by idle seconds)."""
+    return after_idle(pass_s, [float(x) for x, _ in pairs], [float(c) for _, c in pairs])
 
 
 def levels(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], most: int = LEVELS) -> list[int]:
