@@ -157,6 +157,20 @@ def front_table(front: Sequence[Evaluation], space: Space, confirmed: Sequence[C
     return df
 
 
+def with_capacity(table: pd.DataFrame, front: Sequence[Evaluation], sweep: RateSweep) -> pd.DataFrame:
+    """``table`` with each swept candidate's largest sustainable rate where its own evaluation has
+    none (the rate is an objective's only when it is the throughput objective; the sweep finds it
+    for the candidates it draws, the rest stay empty)."""
+    found = dict(zip(sweep.capacity["candidate"], sweep.capacity.itertuples()))
+    out = table.copy()
+    for col in ("sustainable_rate_req_s", "sustainable_rate_req_s_per_chip"):
+        have = out[col] if col in out else pd.Series(float("nan"), index=out.index)
+        swept = [getattr(found[e.candidate.label()], col) if e.candidate.label() in found else float("nan")
+                 for e in front]
+        out[col] = have.where(have.notna(), pd.Series(swept, index=out.index, dtype=float))
+    return out
+
+
 def trials_table(records: Iterable["TrialRecord"], now: Mapping[Candidate, Evaluation], space: Space) -> pd.DataFrame:
     """``trials.csv``: every trial, with the estimate it has now (``now``: candidate -> evaluation)."""
     rows = []
@@ -251,6 +265,8 @@ def _write_results(run_dir: Path, *, space: Space, runner, ledger: RunLedger, tr
         write_ledger(run_dir, ledger)
         return SearchResult(run_dir, pd.DataFrame(), trials, None, ledger)
     table = front_table(front, space, ledger.confirmed)
+    if sweep is not None:
+        table = with_capacity(table, front, sweep)
     table.to_csv(run_dir / "pareto.csv", index=False)
     if ledger.chosen is not None:
         write_deploy(run_dir / "deploy", space, ledger.chosen, runner)

@@ -150,3 +150,26 @@ def test_report_html_in_a_real_browser(tmp_path):
     px = matplotlib.image.imread(shot)
     assert px.shape[1] == 1280
     assert (px[..., :3] < 0.9).any(axis=-1).mean() > 0.02  # ink on the page: text, tables and plots
+
+
+def test_the_front_takes_the_sweeps_sustainable_rate_where_its_objective_did_not_compute_one():
+    from types import SimpleNamespace
+
+    from search.results import with_capacity
+    from search.sweep import RateSweep
+
+    a, b = Candidate(1, 2, (64, 128), (64, 128)), Candidate(2, 4, (64, 128), (64, 128))
+    front = [SimpleNamespace(candidate=a), SimpleNamespace(candidate=b)]
+    table = pd.DataFrame({"rank": [1, 2], "goodput_req_s_per_chip": [2.5, 1.5]})
+    # the sweep drew only the first candidate
+    cap = pd.DataFrame([{"candidate": a.label(), "tp": 1, "batch": 2, "saturation_req_s": 9.0,
+                         "sustainable_rate_req_s": 6.0, "sustainable_rate_req_s_per_chip": 6.0, "limited_by": ""}])
+    out = with_capacity(table, front, RateSweep(pd.DataFrame(), cap, 3.0))
+    assert out["sustainable_rate_req_s_per_chip"].iloc[0] == 6.0
+    assert pd.isna(out["sustainable_rate_req_s_per_chip"].iloc[1])  # not swept: left empty, never guessed
+    assert "sustainable_rate_req_s" not in table  # the caller's table is not changed
+    # a rate the objective computed is kept
+    table["sustainable_rate_req_s_per_chip"] = [7.0, 3.0]
+    table["sustainable_rate_req_s"] = [7.0, 6.0]
+    kept = with_capacity(table, front, RateSweep(pd.DataFrame(), cap, 3.0))
+    assert list(kept["sustainable_rate_req_s_per_chip"]) == [7.0, 3.0]
