@@ -66,6 +66,7 @@ from lens.probes import plan_probes, solve  # noqa: E402
 from lens.rows import measured_context  # noqa: E402
 from lens.errors import LensoptError  # noqa: E402
 from lens.serving import predict_serving  # noqa: E402
+from lens.metrics import tpot_of  # noqa: E402
 from lens.serving_metrics import summarize_serving, summarize_serving_prediction  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
@@ -303,6 +304,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                     chips=tp)
                 meas = [summarize_serving(timed, ttft_s=run.ttft_s, e2e_s=run.e2e_s, total_s=run.total_s, chips=tp)
                         for run in runs]
+                pooled = pooled_latencies(timed, runs)
                 for m in METRICS:
                     vals = [x[m] for x in meas]
                     med = statistics.median(vals)
@@ -311,6 +313,8 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                                  "spread_%": (max(vals) - min(vals)) / med * 100 if med else float("nan"),
                                  "error_%": err(pred[m], med), "drift": drift,
                                  "corrected_error_%": err(corr[m], med),
+                                 "corrected_at_level": level_of(pooled, m, corr[m]),
+                                 "target_level": target_level(m),
                                  "corrected_no_resume_%": err(bare[m], med),
                                  "corrected_one_resume_%": err(whole[m], med),
                                  "corrected_one_admission_%": err(one[m], med),
@@ -321,6 +325,37 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 if args.csv:
                     write_csv(rows, args.csv)
     return rows
+
+
+def pooled_latencies(timed: Requests, runs) -> dict[str, np.ndarray]:
+    """Every request of every repeat, per latency ("ttft", "tpot", "e2e"), in seconds."""
+    ttft = np.concatenate([r.ttft_s for r in runs])
+    e2e = np.concatenate([r.e2e_s for r in runs])
+    out_len = np.tile(np.asarray(timed.output_len), len(runs))
+    return {"ttft": ttft, "tpot": tpot_of(ttft, e2e, out_len), "e2e": e2e}
+
+
+def level_of(pooled: dict[str, np.ndarray], metric: str, value: float) -> float:
+    """The percentile of the measured requests (all repeats) at which ``value`` lies, for a
+    latency percentile metric (nan for throughput).
+
+    A latency staircase (one TTFT step per context bucket) makes a percentile that falls on
+    a riser swing by a bucket's prefill when one request crosses it: the error in percent
+    says how far the value is, this says how many requests it is off by.
+    """
+    kind = metric.split("_")[0]
+    if kind not in pooled:
+        return float("nan")
+    x = pooled[kind][np.isfinite(pooled[kind])]
+    if not x.size:
+        return float("nan")
+    return float((np.count_nonzero(x < value) + np.count_nonzero(x <= value)) / (2 * x.size) * 100)
+
+
+def target_level(metric: str) -> float:
+    """50 for a ``*_p50_s`` metric, 90 for ``*_p90_s``, nan otherwise."""
+    tail = metric.rsplit("_p", 1)
+    return float(tail[1].removesuffix("_s")) if len(tail) == 2 and tail[1].endswith("_s") else float("nan")
 
 
 def dropped_costs(row, adm, kv, resume, after_busy=None) -> dict[str, object]:
@@ -349,12 +384,15 @@ def dropped_costs(row, adm, kv, resume, after_busy=None) -> dict[str, object]:
 def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
     print("(throughput in requests/s, latencies in ms; rate in requests/s and as a fraction of saturation)")
     print(f"{'unit':14} {'workload':28} {'rate':>7} {'xsat':>5} {'metric':10} {'predicted':>10} {'measured':>10} "
-          f"{'spread':>7} {'error':>7} {'drift':>6} {'corr':>7}")
+          f"{'spread':>7} {'error':>7} {'drift':>6} {'corr':>7} {'corr at':>7}")
     for r in rows:
         k = 1.0 if r["metric"] == "throughput" else 1e3
+        at = "" if np.isnan(r["corrected_at_level"]) else f"p{r['corrected_at_level']:.1f}"
         print(f"{r['unit']:14} {r['workload']:28} {r['rate_req_s']:7.2f} {r['x_sat']:5.2f} {r['metric']:10} "
               f"{r['predicted'] * k:10.2f} {r['measured'] * k:10.2f} {r['spread_%']:6.1f}% {r['error_%']:+6.1f}% "
-              f"{r['drift']:6.3f} {r['corrected_error_%']:+6.1f}%")
+              f"{r['drift']:6.3f} {r['corrected_error_%']:+6.1f}% {at:>7}")
+    print("(corr at: the percentile of the measured requests, all repeats pooled, at which the corrected "
+          "prediction lies)")
     for key, what in (("error_%", "|error|"), ("corrected_error_%", "|error| corrected for drift"),
                       ("corrected_no_resume_%", "|error| corrected for drift, without the resume cost (lens.resume)"),
                       ("corrected_one_resume_%", "|error| corrected for drift, one resume cost after every pass "
@@ -375,6 +413,13 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
         for metric in SHORT.values():
             e = np.abs([r[key] for r in rows if r["metric"] == metric])
             print(f"  {metric:10}: median {np.median(e):.1f}%, max {e.max():.1f}%, within 10%: {(e <= 10).sum()}/{len(e)}")
+    off = [(r, r["corrected_at_level"] - r["target_level"]) for r in rows
+           if abs(r["corrected_error_%"]) > 10 and not np.isnan(r["target_level"])]
+    if off:
+        pts = np.abs([d for _, d in off])
+        print(f"latency rows outside 10% corrected: {len(off)}; their corrected prediction lies {np.median(pts):.1f} "
+              f"percentile points (median; max {pts.max():.1f}) from the measured percentile it predicts: "
+              + ", ".join(f"{r['metric']} at {r['x_sat']:g} x sat: p{r['corrected_at_level']:.1f}" for r, _ in off))
     if csv_path:
         write_csv(rows, csv_path)
 

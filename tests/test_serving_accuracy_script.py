@@ -80,3 +80,26 @@ def test_gpu_on_a_machine_where_jax_sees_none_fails_in_one_line(tmp_path):
         "plugin, or leave --gpu out for this CPU"]
     proc = run("--gpu", "--runner", "sim", cwd=tmp_path)
     assert proc.returncode == 2 and "--gpu is for --runner jax" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_level_of_a_prediction_counts_requests_not_milliseconds(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as when run as a script
+    from benchmarks.serving_accuracy import level_of, pooled_latencies, target_level
+    from lens.types import Requests
+    import numpy as np
+
+    class Run:  # one repeat: 3 requests on the first step of a TTFT staircase (5 ms), 1 on the second (20 ms)
+        ttft_s = np.array([0.005, 0.005, 0.005, 0.020])
+        e2e_s = np.array([0.105, 0.105, 0.105, 0.120])
+
+    req = Requests(np.array([10, 10, 10, 200]), np.array([11, 11, 11, 11]))
+    pooled = pooled_latencies(req, [Run(), Run()])
+    assert pooled["ttft"].size == 8 and np.allclose(pooled["tpot"], 0.01)
+    # on the riser: 12.5 ms is 150% above the measured p50 (5 ms) and 37.5% below p90 (20 ms), yet every
+    # request on the lower step is below it and every one on the upper above it
+    assert level_of(pooled, "ttft_p90_s", 0.0125) == 75.0
+    assert level_of(pooled, "ttft_p50_s", 0.005) == 37.5  # ties count half: 6 of 8 requests are at 5 ms
+    assert level_of(pooled, "e2e_p90_s", 1.0) == 100.0 and level_of(pooled, "tpot_p50_s", 0.0) == 0.0
+    assert np.isnan(level_of(pooled, "request_throughput_req_s", 3.0))
+    assert target_level("ttft_p90_s") == 90.0 and target_level("e2e_p50_s") == 50.0
+    assert np.isnan(target_level("request_throughput_req_s"))
