@@ -72,8 +72,8 @@ from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E4
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.drift_check import DriftCheck, checked  # noqa: E402
-from search.measure import (measure_admission, measure_busy_resume, measure_context_cost, measure_resume,  # noqa: E402
-                            measure_row_cost)
+from search.measure import (measure_admission, measure_busy_resume, measure_context_cost,  # noqa: E402
+                            measure_prefill_tail, measure_resume, measure_row_cost)
 from spaces import Budget, ProfileSettings  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
@@ -254,6 +254,12 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
         if busy is not None:
             profiles = {b: dataclasses.replace(p, resume_busy=busy.by_pass) for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: resuming the decode {busy.said()}", file=sys.stderr)
+        # how far a lone served prompt's TTFT strays from its median (lens.prefill_tail), as profiling measures it
+        tail, _ = measure_prefill_tail(runner, dataclasses.replace(target, serving="continuous"), tp, batch,
+                                       profiles, buckets)
+        if tail is not None:
+            profiles = {b: dataclasses.replace(p, prefill_tail=tail.quantiles) for b, p in profiles.items()}
+            print(f"{target.hardware} tp{tp} b{batch}: {tail.said()}", file=sys.stderr)
         loose = dropped_costs(row, adm, kv, resume, busy)
         if loose:
             print(f"{target.hardware} tp{tp} b{batch}: within 3 standard errors of none, not counted: "
@@ -291,6 +297,10 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 flat = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, resume_busy=()), timed, scheduler=sched),
                     chips=tp)
+                # and with every prompt at its composed TTFT, the percentiles read without the tail
+                no_tail = summarize_serving_prediction(
+                    timed, predict_serving(dataclasses.replace(side, prefill_tail=()), timed, scheduler=sched),
+                    chips=tp)
                 # and with one admission offset for every pass, idle or not (lens.admission before admit_busy_s)
                 one = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, admit_busy_s=side.admit_first_s), timed,
@@ -319,6 +329,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                                  "corrected_one_resume_%": err(whole[m], med),
                                  "corrected_one_admission_%": err(one[m], med),
                                  "corrected_no_busy_resume_%": err(flat[m], med),
+                                 "corrected_no_tail_%": err(no_tail[m], med),
                                  "corrected_dropped_counted_%": err(counted[m], med)})
                 print(f"  done: tp{tp} b{batch} {wname} at {rate:.2f} req/s ({frac:g} x saturation {sat:.2f})",
                       file=sys.stderr, flush=True)
@@ -401,6 +412,8 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
                                                     "busy passes"),
                       ("corrected_no_busy_resume_%", "|error| corrected for drift, a busy pass's resume cost at the "
                                                      "shortest idle spell's whatever its prefill (lens.busy_resume)"),
+                      ("corrected_no_tail_%", "|error| corrected for drift, every prompt at its composed TTFT "
+                                              "(no lone-prompt tail, lens.prefill_tail)"),
                       ("corrected_dropped_counted_%", "|error| corrected for drift, every host cost within 3 standard "
                                                       "errors of none counted at its positive estimate")):
         errs = np.abs([r[key] for r in rows])

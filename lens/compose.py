@@ -37,6 +37,7 @@ from .admission import unit_admission
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .context_cost import host_row_s, reference_context, unit_context_cost, unread_tbt_s
 from .errors import MissingProfiles, UserError
+from .prefill_tail import unit_tail
 from .resume import unit_by_idle, unit_by_pass, unit_resume
 from .rows import unit_row_s
 from .types import BATCHING, PREFILLS, BucketProfile, Candidate, Requests
@@ -86,6 +87,9 @@ class UnitTable:
     #: (a pass's seconds, what the first decode run after it costs) for a pass that stops a running decode, per
     #: prefill size measured (``lens.busy_resume``; empty: ``resume_idle``'s shortest spell prices it)
     resume_busy: tuple[tuple[float, float], ...] = ()
+    #: a lone served prompt's TTFT about its median, at evenly spaced quantile levels (``lens.prefill_tail``;
+    #: empty: every prompt takes the time composed); continuous serving reads its percentiles over it
+    prefill_tail: tuple[float, ...] = ()
 
     @classmethod
     def build(
@@ -129,6 +133,7 @@ class UnitTable:
             admit_busy_s=admit[2],
             resume_idle=unit_by_idle([profiles[b] for b in tkg]),
             resume_busy=unit_by_pass([profiles[b] for b in tkg]),
+            prefill_tail=unit_tail([profiles[b] for b in ctx]),
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":

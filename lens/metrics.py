@@ -11,7 +11,8 @@ PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "e2e")
 
 
-def _stats(prefix: str, x: np.ndarray) -> dict[str, float]:
+def latency_stats(prefix: str, x: np.ndarray) -> dict[str, float]:
+    """``{prefix}_mean_s`` and ``{prefix}_p50_s``, ``_p90_s``, ``_p99_s`` of the finite values of ``x`` (NaN without)."""
     x = np.asarray(x, dtype=np.float64)
     x = x[np.isfinite(x)]
     if x.size == 0:
@@ -50,9 +51,9 @@ def summarize(
         "throughput_tok_s": out_tokens / total_s if total_s > 0 else float("nan"),
         "throughput_tok_s_per_chip": out_tokens / total_s / chips if total_s > 0 else float("nan"),
     }
-    m.update(_stats("ttft", ttft_s))
-    m.update(_stats("tpot", tpot))
-    m.update(_stats("e2e", e2e_s))
+    m.update(latency_stats("ttft", ttft_s))
+    m.update(latency_stats("tpot", tpot))
+    m.update(latency_stats("e2e", e2e_s))
     if prefill_padding is not None:
         m["prefill_padding"] = prefill_padding
     if decode_padding is not None:

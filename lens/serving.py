@@ -61,6 +61,9 @@ class ServingPrediction:
     prefill_padding: float
     decode_padding: float
     mode: str = "continuous"
+    #: a lone prompt's TTFT about its median at evenly spaced levels (``lens.prefill_tail``): the latency
+    #: percentiles are read over draws from it (``lens.serving_metrics``); empty: over the times as composed
+    ttft_tail: tuple[float, ...] = ()
 
     @property
     def ttft_s(self) -> np.ndarray:
@@ -134,6 +137,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         decode_steps=steps, busy_s=busy,
         prefill_padding=1 - used_pre / slots_pre if slots_pre else 0.0,
         decode_padding=1 - useful_dec / slot_tokens if slot_tokens else 0.0,
+        ttft_tail=table.prefill_tail,
     )
 
 

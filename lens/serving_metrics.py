@@ -12,8 +12,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import prefill_tail
 from .arrivals import mean_rate
-from .metrics import LATENCIES, summarize, tpot_of
+from .metrics import LATENCIES, latency_stats, summarize, tpot_of
 from .types import Requests
 
 #: the order in which an SLO key's statistic ranks (the highest gives a per-request threshold)
@@ -122,9 +123,26 @@ def summarize_serving(
 
 def summarize_serving_prediction(requests: Requests, pred, *, chips: int = 1,
                                  slo: RequestSLO | None = None) -> dict[str, Any]:
-    """``summarize_serving`` for a ``lens.serving.ServingPrediction`` of ``requests``."""
-    return summarize_serving(
+    """``summarize_serving`` for a ``lens.serving.ServingPrediction`` of ``requests``.
+
+    With a measured tail of the prompts' TTFT (``pred.ttft_tail``, ``lens.prefill_tail``), the
+    TTFT and E2E means and percentiles, the good fraction and the goodput are read over
+    ``lens.prefill_tail.DRAWS`` draws per request (TPOT does not move: a request's first and
+    last tokens move together).
+    """
+    m = summarize_serving(
         requests, ttft_s=pred.ttft_s, e2e_s=pred.e2e_s, total_s=pred.total_s, chips=chips, slo=slo,
         tpot_s=pred.tpot_s, queue_s=pred.queue_s, prefill_padding=pred.prefill_padding,
         decode_padding=pred.decode_padding,
     )
+    if len(pred.ttft_tail) >= 2 and len(requests):
+        d = prefill_tail.draws(np.zeros(len(requests)), pred.ttft_tail)
+        ttft, e2e = pred.ttft_s[:, None] + d, pred.e2e_s[:, None] + d
+        m.update(latency_stats("ttft", ttft.ravel()))
+        m.update(latency_stats("e2e", e2e.ravel()))
+        good = (slo or RequestSLO()).good(ttft_s=ttft, tpot_s=pred.tpot_s[:, None], e2e_s=e2e)
+        dur = float(pred.total_s)
+        m["request_goodput_req_s"] = float(good.mean(axis=1).sum()) / dur if dur > 0 else math.nan
+        m["goodput_req_s_per_chip"] = m["request_goodput_req_s"] / chips
+        m["good_fraction"] = float(good.mean())
+    return m

@@ -274,6 +274,9 @@ class BucketProfile:
     #: a running decode, per prefill size measured, shortest first (lens.busy_resume; empty: ``resume_idle``'s
     #: shortest spell prices such a pass)
     resume_busy: tuple[tuple[float, float], ...] = ()
+    #: seconds a lone served prompt's TTFT lies from the median of its kind, at the quantile levels 0, 1/(n-1), ...
+    #: 1, non-decreasing (lens.prefill_tail; empty: every prefill takes the time the profile composes)
+    prefill_tail: tuple[float, ...] = ()
 
     @property
     def rel_err(self) -> float:

@@ -113,7 +113,8 @@ def cmd_profile(args) -> int:
                                   "kv_token_s": p.kv_token_s, "row_context": p.row_context,
                                   "resume_s": p.resume_s, "admit_busy_s": p.admit_busy_s,
                                   "resume_idle": [list(x) for x in p.resume_idle],
-                                  "resume_busy": [list(x) for x in p.resume_busy]}
+                                  "resume_busy": [list(x) for x in p.resume_busy],
+                                  "prefill_tail": list(p.prefill_tail)}
                          for b, p in profiles.items()},
             "row_cost": None if out.rows is None else {
                 "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,
@@ -141,6 +142,9 @@ def cmd_profile(args) -> int:
                             "err_s": lv.err} for lv in out.busy_resume.levels],
                 "by_pass": [{"pass_s": x, "resume_s": c} for x, c in out.busy_resume.by_pass],
                 "note": out.busy_resume.note, "run_s": out.busy_resume_s},
+            "prefill_tail": None if out.tail is None else {
+                "quantiles_s": list(out.tail.quantiles), "requests": out.tail.n, "median_s": out.tail.median_s,
+                "bucket": out.tail.bucket, "note": out.tail.note, "run_s": out.tail_s},
             "noisy": {str(b): why for b, why in out.noisy.items()},
             "notes": {str(b): why for b, why in out.notes.items()},
         })
@@ -170,6 +174,8 @@ def cmd_profile(args) -> int:
         print(f"resuming the decode: {out.resume.said()} ({out.resume_s:.2f} s of runs{sim})")
     if out.busy_resume is not None:
         print(f"resuming the decode {out.busy_resume.said()} ({out.busy_resume_s:.2f} s of runs{sim})")
+    if out.tail is not None:
+        print(f"{out.tail.said()} ({out.tail_s:.2f} s of runs{sim})")
     for b, why in sorted(out.notes.items()):
         print(f"bucket {b}: {why}")
     for why in out.noisy.values():

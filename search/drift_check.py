@@ -40,6 +40,7 @@ from lens.context_cost import unit_context_cost
 from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Reference, action, drift_of,
                         reference_probe)
 from lens.errors import one_line
+from lens.prefill_tail import unit_tail
 from lens.probes import BucketFit, NoisyMeasurement, assess, fit, plan_probes, to_profile
 from lens.resume import unit_by_idle, unit_by_pass, unit_resume
 from lens.rows import unit_row_s
@@ -84,6 +85,7 @@ class DriftCheck:
     resume_s: float = 0.0
     resume_idle: tuple[tuple[float, float], ...] = ()
     resume_busy: tuple[tuple[float, float], ...] = ()
+    prefill_tail: tuple[float, ...] = ()
     #: a served pass's first prompt when it stops a running decode (``lens.admission``), carried over as the others
     admit_busy_s: float = 0.0
 
@@ -115,7 +117,8 @@ class DriftCheck:
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
                    all_buckets, profile, side, probes, unit_row_s(cached), admit_first_s=first, admit_next_s=nxt,
                    kv_token_s=kv, row_context=row_context, resume_s=unit_resume(cached), admit_busy_s=busy,
-                   resume_idle=unit_by_idle(cached), resume_busy=unit_by_pass(cached))
+                   resume_idle=unit_by_idle(cached), resume_busy=unit_by_pass(cached),
+                   prefill_tail=unit_tail(cached))
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
@@ -257,5 +260,5 @@ def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
                    simulated=res.simulated), row_s=check.row_s, admit_first_s=check.admit_first_s,
         admit_next_s=check.admit_next_s, kv_token_s=check.kv_token_s, row_context=check.row_context,
         resume_s=check.resume_s, admit_busy_s=check.admit_busy_s, resume_idle=check.resume_idle,
-        resume_busy=check.resume_busy)
+        resume_busy=check.resume_busy, prefill_tail=check.prefill_tail)
         for b, f in fits.items()}, ""

@@ -44,6 +44,9 @@ for the search); the caller stores what it returns, whole, in one transaction.
     its prefill (``lens.busy_resume``): served calls of carrier requests, some stopped by
     one-token requests of each measured context-encoding bucket; kept in every profile
     (``resume_busy``). Only as 9.
+11. How far a lone served prompt's TTFT strays from its median (``lens.prefill_tail``): served
+    calls of one-token requests after idle spells; kept in every profile (``prefill_tail``),
+    the spread continuous serving reads its latency percentiles over. Only as 9.
 """
 from __future__ import annotations
 
@@ -53,9 +56,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
+
 from lens import admission as admission_cost
 from lens import busy_resume
 from lens import context_cost
+from lens import prefill_tail
 from lens import resume as resume_cost
 from lens import rows as row_cost
 from lens.buckets import select_index
@@ -125,6 +131,10 @@ class UnitMeasurement:
     #: not measured (as resume), and its timed run seconds (in run_s)
     busy_resume: busy_resume.BusyResume | None = None
     busy_resume_s: float = 0.0
+    #: how far a lone served prompt's TTFT strays from its median (lens.prefill_tail); None when not measured
+    #: (as resume), and its timed run seconds (in run_s)
+    tail: prefill_tail.PrefillTail | None = None
+    tail_s: float = 0.0
 
     @property
     def hardware_s(self) -> float:
@@ -133,7 +143,8 @@ class UnitMeasurement:
     def _costs(self) -> dict[str, object]:
         return {what: c for what, c in (("the row cost", self.rows), ("the served admissions", self.admission),
                                         ("a row's context cost", self.context), ("the resume cost", self.resume),
-                                        ("the resume cost after a busy pass", self.busy_resume))
+                                        ("the resume cost after a busy pass", self.busy_resume),
+                                        ("a lone prompt's TTFT tail", self.tail))
                 if c is not None}
 
     def host_costs(self) -> dict[str, str]:
@@ -344,6 +355,10 @@ def measure_unit(
     compile_s, run_s = compile_s + busy_spent[0], run_s + busy_spent[1]
     if busy is not None:
         profiles = {b: dataclasses.replace(p, resume_busy=busy.by_pass) for b, p in profiles.items()}
+    tail, tail_spent = measure_prefill_tail(runner, target, tp, batch, profiles, want)
+    compile_s, run_s = compile_s + tail_spent[0], run_s + tail_spent[1]
+    if tail is not None:
+        profiles = {b: dataclasses.replace(p, prefill_tail=tail.quantiles) for b, p in profiles.items()}
     noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict[b]}
     return UnitMeasurement(
         tp=tp, batch=batch, profiles=profiles, compile_s=compile_s, run_s=run_s, host=result.host,
@@ -352,6 +367,7 @@ def measure_unit(
         notes={b: "; ".join(v) for b, v in notes.items()}, rows=rows, rows_s=rows_spent[1],
         admission=admission, admission_s=admission_spent[1], context=context, context_s=context_spent[1],
         resume=resume, resume_s=resume_spent[1], busy_resume=busy, busy_resume_s=busy_spent[1],
+        tail=tail, tail_s=tail_spent[1],
     )
 
 
@@ -520,3 +536,33 @@ def measure_busy_resume(runner: Runner, target: Target, tp: int, batch: int, pro
     except (RunnerError, UserError) as exc:  # the profiles stand without it
         return busy_resume.BusyResume(bucket=plan.bucket, note=_not_measured(exc)), tuple(spent)
     return busy_resume.solve(rounds, plan), tuple(spent)
+
+
+def measure_prefill_tail(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
+                         buckets: Sequence[int]) -> tuple[prefill_tail.PrefillTail | None, tuple[float, float]]:
+    """How far a lone served prompt's TTFT strays from its median (lens.prefill_tail), in the smallest measured
+    bucket, and its (compile, run) seconds.
+
+    None (nothing measured) where ``measure_resume`` measures nothing. A runner that fails it leaves none (the
+    percentiles are read over the times as composed), with the reason.
+    """
+    if target.batching != "static" or "continuous" not in runner.modes or target.serving != "continuous":
+        return None, (0.0, 0.0)
+    measured = {b: p for b, p in profiles.items() if b in set(buckets)}
+    if not measured:
+        return None, (0.0, 0.0)
+    p = prefill_tail.pick(measured)
+    bk = tuple(sorted(buckets))
+    cand = Candidate(tp, batch, bk, bk)
+    req = prefill_tail.workload(p)
+    rounds, medians, spent = [], [], [0.0, 0.0]
+    try:
+        for _ in range(prefill_tail.ROUNDS):
+            run = runner.run_workload(cand, req, mode="continuous")
+            spent[0] += run.compile_s
+            spent[1] += run.run_s
+            rounds.append(prefill_tail.read(req, run.ttft_s))
+            medians.append(float(np.median(run.ttft_s)))
+    except (RunnerError, UserError) as exc:  # the profiles stand without it
+        return prefill_tail.PrefillTail(bucket=p.bucket, note=_not_measured(exc)), tuple(spent)
+    return prefill_tail.solve(rounds, p=p, medians=medians), tuple(spent)

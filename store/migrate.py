@@ -45,7 +45,9 @@ def fill_added(row: Mapping[str, Any], prefill: str = PREFILLS[0]) -> dict[str, 
             # schema 9: one resume cost after any pass, whatever the idle spell before it
             "resume_idle": "[]",
             # schema 10: a busy pass's resume priced at the shortest idle spell, whatever its prefill
-            "resume_busy": "[]"}
+            "resume_busy": "[]",
+            # schema 11: every prefill took its composed time (no quantiles about the median)
+            "prefill_tail": "[]"}
 
 
 def spreads_from_raw(con: sqlite3.Connection) -> None:

@@ -157,6 +157,30 @@ def _pairs_json(v: Any, *, text: bool, key: str) -> str:
     return json.dumps(out)
 
 
+#: the most quantile levels a ``prefill_tail`` keeps (0, 0.001, ..., 1)
+MAX_TAIL_QUANTILES = 1001
+
+
+def _quantiles_json(v: Any, *, text: bool) -> str:
+    """A JSON list of finite seconds of either sign, non-decreasing (quantiles at evenly spaced levels 0..1):
+    empty, or 2 to :data:`MAX_TAIL_QUANTILES` of them; re-serialised canonically."""
+    items = _json_list(v, text=text, what="seconds")
+    if len(items) == 1:
+        raise BadValue("one quantile is not a tail: give none, or at least 2 (the levels 0 and 1)")
+    if len(items) > MAX_TAIL_QUANTILES:
+        raise BadValue(f"{len(items)} quantiles; at most {MAX_TAIL_QUANTILES}")
+    out: list[float] = []
+    for x in items:
+        try:
+            q = as_offset(x, text=False)
+        except BadValue as exc:
+            raise BadValue(f"element {x!r}: {exc}") from None
+        if out and q < out[-1]:
+            raise BadValue(f"element {x!r}: the quantiles must not decrease")
+        out.append(q)
+    return json.dumps(out)
+
+
 def _source(v: Any) -> str:
     s = as_str(v, nonempty=True)
     if s in ("measured", "simulated") or (s.startswith("estimate:") and len(s) > len("estimate:")):
@@ -192,6 +216,7 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "admit_busy_s": off,
         "resume_idle": lambda v: _pairs_json(v, text=text, key="idle seconds"),  # (lens.resume)
         "resume_busy": lambda v: _pairs_json(v, text=text, key="pass seconds"),  # (lens.busy_resume)
+        "prefill_tail": lambda v: _quantiles_json(v, text=text),  # (lens.prefill_tail)
     }
 
 
@@ -229,6 +254,7 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "row_s": p.row_s, "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
         "kv_token_s": p.kv_token_s, "row_context": p.row_context, "resume_s": p.resume_s,
         "admit_busy_s": p.admit_busy_s, "resume_idle": p.resume_idle, "resume_busy": p.resume_busy,
+        "prefill_tail": p.prefill_tail,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -258,6 +284,7 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         admit_busy_s=float(r["admit_busy_s"]),
         resume_idle=tuple((float(i), float(c)) for i, c in json.loads(r["resume_idle"])),
         resume_busy=tuple((float(x), float(c)) for x, c in json.loads(r["resume_busy"])),
+        prefill_tail=tuple(float(x) for x in json.loads(r["prefill_tail"])),
     )
 
 

@@ -36,6 +36,9 @@ A file of an older schema is brought to :data:`SCHEMA_VERSION` on open by the st
   costs, by the pass's seconds (``resume_busy``, a JSON list of [pass seconds, seconds]
   pairs, ``lens.busy_resume``); older profiles get an empty list (the shortest idle spell's
   cost prices such a pass, as they were composed).
+- schema 11: a lone served prompt's TTFT quantiles about its median (``prefill_tail``, a
+  JSON list of seconds, non-decreasing, ``lens.prefill_tail``); older profiles get an empty
+  list (every prefill takes its composed time, as they were composed).
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ from typing import Callable
 #: "LENS" in ASCII: marks an SQLite file as a lensopt profile cache
 APPLICATION_ID = 0x4C454E53
 #: the schema this code reads and writes (``PRAGMA user_version``)
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 #: the first 16 bytes of every SQLite database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -63,17 +66,18 @@ PROFILE_COLUMNS = (
     "t1_s", "t2_s", "raw_t1", "raw_t2", "repeats", "spread", "runner", "host",
     "measured_at", "simulated", "source", "ttft_err_s", "tbt_err_s", "excess", "accepted", "row_s",
     "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s",
-    "resume_idle", "resume_busy",
+    "resume_idle", "resume_busy", "prefill_tail",
 )
 #: the columns each schema version added at the end of ``profiles`` (its migration adds them)
 ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted"), 4: ("row_s",),
                          5: ("admit_first_s", "admit_next_s"), 6: ("kv_token_s", "row_context"),
                          7: ("resume_s",), 8: ("admit_busy_s",), 9: ("resume_idle",),
-                         10: ("resume_busy",)}
+                         10: ("resume_busy",), 11: ("prefill_tail",)}
 #: the primary key of a profile: the first columns of :data:`PROFILE_COLUMNS`
 PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
 #: integer and real columns of ``profiles``; ``simulated`` is 0/1, the rest text
-#: (``raw_t1``/``raw_t2`` are JSON lists of seconds, ``resume_idle`` and ``resume_busy`` lists of [seconds, seconds] pairs)
+#: (``raw_t1``/``raw_t2`` are JSON lists of seconds, ``resume_idle`` and ``resume_busy`` lists of [seconds, seconds] pairs,
+#: ``prefill_tail`` one of seconds of either sign)
 INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats")
 FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at", "ttft_err_s", "tbt_err_s", "excess",
                  "row_s", "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s")
@@ -135,6 +139,7 @@ CREATE TABLE profiles (
     admit_busy_s REAL   NOT NULL DEFAULT 0,
     resume_idle TEXT    NOT NULL DEFAULT '[]',
     resume_busy TEXT    NOT NULL DEFAULT '[]',
+    prefill_tail TEXT   NOT NULL DEFAULT '[]',
     PRIMARY KEY (fingerprint, tp, batch, bucket)
 );
 """
@@ -179,6 +184,7 @@ MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = 
         "UPDATE profiles SET admit_busy_s = admit_first_s"),
     9: ("ALTER TABLE profiles ADD COLUMN resume_idle TEXT NOT NULL DEFAULT '[]'",),
     10: ("ALTER TABLE profiles ADD COLUMN resume_busy TEXT NOT NULL DEFAULT '[]'",),
+    11: ("ALTER TABLE profiles ADD COLUMN prefill_tail TEXT NOT NULL DEFAULT '[]'",),
 }
 #: the oldest schema a cache may have and still be opened (brought up to date)
 OLDEST_VERSION = 1

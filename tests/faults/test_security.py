@@ -125,7 +125,8 @@ def _row(**over) -> dict:
            "repeats": 1, "spread": 0.0, "runner": "sim", "host": "h", "measured_at": 1.0, "simulated": 1,
            "source": "simulated", "ttft_err_s": 0.0, "tbt_err_s": 0.0, "excess": 0.0, "accepted": 1, "row_s": 0.0,
            "admit_first_s": 0.0, "admit_next_s": 0.0, "kv_token_s": 0.0, "row_context": 0.0, "resume_s": 0.0,
-           "admit_busy_s": 0.0, "resume_idle": "[]", "resume_busy": "[]"}
+           "admit_busy_s": 0.0, "resume_idle": "[]", "resume_busy": "[]",
+           "prefill_tail": "[]"}
     row.update(over)
     return row
 

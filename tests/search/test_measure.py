@@ -133,8 +133,8 @@ def test_every_bucket_of_the_unit_gets_its_cost(repeats):
     m = measure_unit(sim(stragglers=False), tp=1, batch=2, buckets=BUCKETS, all_buckets=BUCKETS,
                      profile=ProfileSettings(repeats=repeats))
     # and the runs of the row cost, of the served admissions, of a row's context and of resuming the decode
-    assert sum(m.bucket_s.values()) + m.rows_s + m.admission_s + m.context_s + m.resume_s + m.busy_resume_s == \
-        pytest.approx(m.run_s, rel=1e-9)
+    assert sum(m.bucket_s.values()) + m.rows_s + m.admission_s + m.context_s + m.resume_s + m.busy_resume_s + \
+        m.tail_s == pytest.approx(m.run_s, rel=1e-9)
     assert all(p.repeats >= repeats for p in m.profiles.values())
     assert np.isfinite([p.ttft_err_s for p in m.profiles.values()]).all()
 
@@ -396,7 +396,8 @@ def test_a_runner_that_fails_the_served_workloads_leaves_their_costs_at_zero_and
     gone = m.unmeasured()
     # the row cost and a row's context run static batches: measured; the admissions and the resume need a
     # served run: each left at 0, its note saying why, in one line
-    assert set(gone) == {"the served admissions", "the resume cost", "the resume cost after a busy pass"}, gone
+    assert set(gone) == {"the served admissions", "the resume cost", "the resume cost after a busy pass",
+                         "a lone prompt's TTFT tail"}, gone
     assert set(gone.values()) == {"not measured (RunnerError: the engine stopped with a second line)"}, gone
     assert {(p.admit_first_s, p.resume_s) for p in m.profiles.values()} == {(0.0, 0.0)}
     # a unit whose workloads all ran has nothing to say
@@ -408,3 +409,28 @@ def test_resuming_is_measured_only_for_a_target_served_continuously():
     m = measure_unit(sim(), tp=1, batch=4, buckets=BUCKETS[:1], all_buckets=BUCKETS, profile=ProfileSettings())
     assert m.resume is None and m.resume_s == 0.0 and all(p.resume_s == 0.0 for p in m.profiles.values())
     assert m.busy_resume is None and m.busy_resume_s == 0.0 and all(p.resume_busy == () for p in m.profiles.values())
+    assert m.tail is None and m.tail_s == 0.0 and all(p.prefill_tail == () for p in m.profiles.values())
+
+
+def test_a_lone_prompts_ttft_tail_is_measured_and_kept_in_every_profile():
+    served = dataclasses.replace(sim(noise=0.0, stragglers=False), serving="continuous")
+    runner = get_runner(served)
+    plain = runner.run_workload
+    # a host where every tenth lone prompt is 5 ms slow (a straggling call) and the rest are on time
+    def slow_tenth(cand, requests, *, mode="static"):
+        run = plain(cand, requests, mode=mode)
+        if mode != "continuous" or not (requests.name or "").startswith("prefill-tail"):
+            return run
+        extra = np.where(np.arange(len(requests)) % 10 == 9, 0.005, 0.0)
+        return dataclasses.replace(run, ttft_s=run.ttft_s + extra, e2e_s=run.e2e_s + extra)
+
+    runner.run_workload = slow_tenth
+    m = measure_unit(served, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings(),
+                     runner=runner)
+    t = m.tail
+    assert t is not None and m.tail_s > 0 and t.note == "" and t.bucket == BUCKETS[0], t
+    q = np.asarray(t.quantiles)
+    assert t.n == 2 * 48 and q.size == 21
+    # at most a tenth is slow: every level up to 0.85 reads the quiet prompts, the top one the slow ones
+    assert np.allclose(q[:18], 0.0, atol=2e-4) and q[-1] == pytest.approx(0.005, abs=2e-4), q
+    assert {p.prefill_tail for p in m.profiles.values()} == {t.quantiles}

@@ -1,6 +1,8 @@
 """Export and import of profiles as CSV or Parquet: identical round trips, every bad file refused whole."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -61,6 +63,13 @@ def _exported_csv(tmp_path, cache) -> pd.DataFrame:
     ("resume_idle", "[0.001, 0.002]", "not an [idle seconds, seconds] pair"),
     ("resume_busy", "[[0.02, 0.002], [0.01, 0.004]]", "the pass seconds must increase"),
     ("resume_busy", "[[0.01, \"x\"]]", "not a number"),
+    ("prefill_tail", "[-0.001, 0.002, 0.001]", "the quantiles must not decrease"),
+    ("prefill_tail", "[-0.001, \"x\"]", "not a number"),
+    ("prefill_tail", "[-0.001, NaN]", "not finite"),
+    ("prefill_tail", "[-Infinity, 0.001]", "not finite"),
+    ("prefill_tail", "[0.001]", "at least 2"),
+    ("prefill_tail", "{\"p50\": 0.0}", "not a JSON list"),
+    ("prefill_tail", json.dumps([0.0] * 1002), "at most 1001"),
 ])
 def test_import_bad_value_names_row_and_column(tmp_path, cache, column, value, problem):
     df = _exported_csv(tmp_path, cache)

@@ -1,0 +1,132 @@
+"""How far a lone served prompt's TTFT strays from its median: the spread a latency percentile needs.
+
+``lens.serving`` composes one time per request: every prompt of a bucket that finds the
+device idle gets the same TTFT (``TTFT_b`` plus the admission offset). A host does not run
+them alike. On the jax runner on this 2-core host, lone one-token prompts of bucket 64
+(served TTFT 6.6 ms) spread about 0.4 ms between repeats of the same request, cost more after
+a longer idle spell (5.8 ms after spells under 50 ms, 7.1-7.5 ms after 0.5 s or more), and
+2-7 of 120 per run took 8.5-12.6 ms (slow calls: a garbage collection, another process on a
+core). The mean of those is in the profile (``lens.noise`` counts slow calls in ``TTFT_b``);
+their spread is not, and a percentile that falls where the composed times leave a gap -- the
+top of bucket 64's TTFT, below the riser to bucket 128's -- reads the slow ones: a light
+rate's TTFT p90 came out 13-34% under the served one, the prediction at the served p84-p87.
+
+The measurement (``workload``, ``read``, ``solve``): ``ROUNDS`` served calls of ``LONE``
+one-token requests with the prompt of the unit's smallest measured bucket, each arriving
+when the one before it has long ended, after idle spells cycling through ``SPELLS`` (as a
+light rate leaves them). Per call, each request's TTFT less the call's median (a host that
+drifts between calls moves the median, not the spread); the calls' residuals pooled, the
+profile keeps their quantiles at ``LEVELS`` evenly spaced levels from 0 to 1
+(``prefill_tail``). A request that arrived before the one ahead of it ended did not run
+alone and is left out.
+
+The prediction (``draws``): each request's TTFT and E2E plus one draw from that
+distribution, ``DRAWS`` times over with a fixed seed; the latency percentiles, means and
+the SLOs' good fraction are read over every draw (``lens.serving_metrics``). A draw is
+added to the request it falls on and does not push the requests queued behind it (the
+composition stays one pass; near the knee, where one slow prefill delays the queue, this
+understates the spread). It applies to every prompt alike, lone or not: slow calls come
+whatever the device did before, and the idle spells in the measurement are a light rate's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .types import BucketProfile, Requests
+
+#: lone requests per call: enough to see a tail of a few percent in two calls
+LONE = 48
+#: calls
+ROUNDS = 2
+#: the idle spells before the lone requests, cycled (seconds): a light rate leaves spells of tens of
+#: milliseconds to about a second
+SPELLS = (0.02, 0.06, 0.18, 0.5)
+#: the quantile levels kept: 0, 1/20, ..., 1
+LEVELS = 21
+#: draws per request when a prediction reads its percentiles over the tail, and their seed
+DRAWS = 16
+SEED = 20261205
+#: fewest lone requests (after the ones that did not run alone) the tail is read from
+LEAST = 24
+
+
+@dataclass(frozen=True, eq=False)
+class PrefillTail:
+    """The tail as kept (``quantiles``: seconds from the median at ``LEVELS`` levels), what it was read from,
+    and ``note`` (why nothing was measured)."""
+
+    quantiles: tuple[float, ...] = ()
+    #: the lone requests read, the median TTFT of the calls (seconds) and their bucket
+    n: int = 0
+    median_s: float = 0.0
+    bucket: int = 0
+    note: str = ""
+
+    def said(self) -> str:
+        """One line for the profile output."""
+        if not self.quantiles:
+            return self.note or "not measured"
+        q = np.asarray(self.quantiles)
+        at = lambda level: float(np.interp(level, np.linspace(0.0, 1.0, q.size), q)) * 1e3  # noqa: E731
+        return (f"a lone prompt's TTFT about its median ({self.median_s * 1e3:.2f} ms, bucket {self.bucket}, "
+                f"{self.n} requests): p10 {at(0.1):+.2f}, p90 {at(0.9):+.2f}, p95 {at(0.95):+.2f}, "
+                f"max {q[-1] * 1e3:+.2f} ms")
+
+
+def unit_tail(profiles: Sequence[BucketProfile]) -> tuple[float, ...]:
+    """A unit's ``prefill_tail`` from its profiles (one measurement gives them all the same); () without."""
+    return next((p.prefill_tail for p in profiles if p.prefill_tail), ())
+
+
+def pick(profiles: Mapping[int, BucketProfile]) -> BucketProfile:
+    """The profile whose prompt the lone requests take: the smallest measured bucket's."""
+    return profiles[min(profiles)]
+
+
+def workload(p: BucketProfile, *, lone: int = LONE) -> Requests:
+    """``lone`` one-token requests with ``p``'s prompt, each ``SPELLS[i % len]`` after the one before is expected
+    to end (its TTFT, with a slack of as much again)."""
+    took = 2.0 * max(p.ttft_s, 1e-6)
+    gaps = np.array([SPELLS[i % len(SPELLS)] + took for i in range(lone)])
+    arrival = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    return Requests(np.full(lone, p.input_len, np.int64), np.ones(lone, np.int64), arrival,
+                    name=f"prefill-tail-{p.bucket}")
+
+
+def read(requests: Requests, ttft_s: Sequence[float]) -> np.ndarray:
+    """One call's residuals: each lone request's TTFT less the median of the call's lone ones."""
+    ttft = np.asarray(ttft_s, dtype=np.float64)
+    arr = np.asarray(requests.arrival_s, dtype=np.float64)
+    end = arr + ttft
+    alone = np.ones(ttft.size, bool)
+    alone[1:] = arr[1:] >= end[:-1]
+    x = ttft[alone & np.isfinite(ttft)]
+    return x - np.median(x) if x.size else x
+
+
+def solve(rounds: Sequence[np.ndarray], *, p: BucketProfile, medians: Sequence[float] = (),
+          levels: int = LEVELS) -> PrefillTail:
+    """The kept quantiles of the pooled residuals of ``rounds``; none (with the reason) under ``LEAST``."""
+    x = np.concatenate([np.asarray(r, dtype=np.float64) for r in rounds]) if rounds else np.zeros(0)
+    med = float(np.median(medians)) if len(medians) else 0.0
+    if x.size < LEAST:
+        return PrefillTail(n=int(x.size), median_s=med, bucket=p.bucket,
+                           note=f"not measured: {x.size} lone requests ran alone, fewer than {LEAST}")
+    q = np.quantile(x, np.linspace(0.0, 1.0, levels))
+    return PrefillTail(tuple(float(v) for v in np.maximum.accumulate(q)), n=int(x.size), median_s=med,
+                       bucket=p.bucket)
+
+
+def draws(values: np.ndarray, tail: Sequence[float], *, n: int = DRAWS, seed: int = SEED) -> np.ndarray:
+    """``values`` (per request) plus ``n`` draws each from ``tail``'s distribution: shape (requests, n); the
+    inverse of the kept quantiles, interpolated, at stratified levels (every request gets the whole range)."""
+    v = np.asarray(values, dtype=np.float64)
+    q = np.asarray(tail, dtype=np.float64)
+    if q.size < 2:
+        return v[:, None].repeat(n, axis=1)
+    rng = np.random.default_rng(seed)
+    u = (np.arange(n)[None, :] + rng.random((v.size, n))) / n  # one draw in each n-th of the range
+    return v[:, None] + np.interp(u, np.linspace(0.0, 1.0, q.size), q)

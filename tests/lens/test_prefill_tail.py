@@ -1,0 +1,99 @@
+"""A lone served prompt's TTFT tail: the measurement's reading, the draws, and the percentiles read over them."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from lens import prefill_tail as pt
+from lens.serving import predict_serving
+from lens.serving_metrics import RequestSLO, summarize_serving_prediction
+from lens.types import Requests
+
+from servingkit import prof, table  # tests/lens is on sys.path (pytest rootdir imports)
+
+
+def test_the_workload_is_lone_one_token_prompts_after_cycled_idle_spells():
+    p = prof(8)  # TTFT_b 1 s
+    req = pt.workload(p, lone=6)
+    assert list(req.output_len) == [1] * 6 and list(req.input_len) == [p.input_len] * 6
+    gaps = np.diff(req.arrival_s)
+    # each arrives a spell after the one before is expected to end (its TTFT, and as much again)
+    assert np.allclose(gaps, [s + 2.0 for s in (pt.SPELLS * 2)[:5]])
+
+
+def test_residuals_are_about_the_calls_median_and_leave_out_a_request_that_did_not_run_alone():
+    req = Requests(np.ones(5, np.int64), np.ones(5, np.int64), np.array([0.0, 1.0, 2.0, 2.001, 4.0]))
+    ttft = np.array([0.010, 0.012, 0.011, 0.030, 0.020])  # the fourth arrived while the third ran
+    r = pt.read(req, ttft)
+    assert np.allclose(np.sort(r), np.sort(np.array([0.010, 0.012, 0.011, 0.020]) - 0.0115))
+
+
+def test_the_kept_quantiles_span_the_pooled_residuals_and_need_enough_of_them():
+    rng = np.random.default_rng(0)
+    slow = np.r_[rng.normal(0.0, 0.0004, 45), [0.003, 0.005, 0.006]]  # a tail of slow calls
+    got = pt.solve([slow[:24], slow[24:]], p=prof(8), medians=[0.0066, 0.0064])
+    assert len(got.quantiles) == pt.LEVELS and got.n == 48 and got.median_s == pytest.approx(0.0065)
+    assert got.quantiles[0] == pytest.approx(slow.min()) and got.quantiles[-1] == pytest.approx(slow.max())
+    assert all(b >= a for a, b in zip(got.quantiles, got.quantiles[1:]))
+    assert "p95" in got.said() and "bucket 8" in got.said()
+    few = pt.solve([slow[:10]], p=prof(8))
+    assert few.quantiles == () and "fewer than" in few.note and few.said() == few.note
+
+
+def test_draws_follow_the_tail_and_are_the_same_every_time():
+    tail = tuple(np.linspace(-0.001, 0.003, pt.LEVELS))  # uniform on [-1, +3] ms
+    v = np.array([0.005, 0.010])
+    d = pt.draws(v, tail, n=400)
+    assert d.shape == (2, 400)
+    assert np.allclose(d.mean(axis=1) - v, 0.001, atol=1e-4)  # the uniform's mean, in every row (stratified)
+    assert d.min() >= 0.004 - 1e-12 and d.max() <= 0.013 + 1e-12
+    assert np.array_equal(d, pt.draws(v, tail, n=400))
+    assert np.array_equal(pt.draws(v, (), n=3), np.repeat(v[:, None], 3, axis=1))  # no tail: as composed
+
+
+def _riser():
+    """Lone arrivals, far apart: 18 prompts in bucket 8 (TTFT 1 s), 2 in bucket 16 (2 s)."""
+    lin = np.array([1] * 18 + [9] * 2)
+    return Requests(lin, np.full(20, 3), np.arange(20) * 100.0)
+
+
+def test_a_percentile_below_a_riser_reads_the_tail_and_tpot_does_not_move():
+    req = _riser()
+    tail = tuple(np.r_[np.zeros(pt.LEVELS - 3), [0.2, 0.5, 0.8]])  # one prompt in ten or so is slow
+    plain = table(batch=2)
+    with_tail = dataclasses.replace(plain, prefill_tail=tail)
+    a = summarize_serving_prediction(req, predict_serving(plain, req))
+    b = summarize_serving_prediction(req, predict_serving(with_tail, req))
+    # as composed, 18 of 20 TTFTs are 1 s: the p90 (between the 18th and 19th) sits on the riser at 1.1 s ...
+    assert a["ttft_p50_s"] == pytest.approx(1.0) and a["ttft_p90_s"] == pytest.approx(1.1)
+    # ... the slow tenth of the bucket-8 prompts lifts it; the median stays; the mean grows by the tail's mean
+    assert b["ttft_p90_s"] > a["ttft_p90_s"] + 0.05
+    assert b["ttft_p50_s"] == pytest.approx(1.0)
+    assert b["ttft_mean_s"] == pytest.approx(a["ttft_mean_s"] + np.mean(pt.draws(np.zeros(20), tail)), rel=1e-9)
+    assert b["e2e_p90_s"] >= a["e2e_p90_s"] and b["tpot_p90_s"] == a["tpot_p90_s"]
+    assert b["request_throughput_req_s"] == a["request_throughput_req_s"]
+
+
+def test_goodput_counts_the_draws_that_miss_the_slo():
+    req = _riser()
+    tail = tuple(np.r_[np.zeros(pt.LEVELS - 3), [0.2, 0.5, 0.8]])
+    slo = RequestSLO(ttft_s=1.05)
+    plain = summarize_serving_prediction(req, predict_serving(table(batch=2), req), slo=slo)
+    tailed = summarize_serving_prediction(
+        req, predict_serving(dataclasses.replace(table(batch=2), prefill_tail=tail), req), slo=slo)
+    assert plain["good_fraction"] == pytest.approx(0.9)  # the two bucket-16 prompts miss it
+    assert 0.7 < tailed["good_fraction"] < 0.9  # and now the slow draws of the others
+    assert tailed["request_goodput_req_s"] == pytest.approx(
+        plain["request_throughput_req_s"] * tailed["good_fraction"])
+
+
+def test_the_unit_table_takes_the_tail_from_its_profiles():
+    from lens.compose import UnitTable
+    from lens.types import Candidate
+
+    tail = (-0.001, 0.0, 0.002)
+    profiles = {b: dataclasses.replace(prof(b), prefill_tail=tail) for b in (8, 16)}
+    t = UnitTable.build(Candidate(1, 2, (8, 16), (8, 16)), profiles, policy="exclusive")
+    assert t.prefill_tail == tail
+    assert predict_serving(t, _riser()).ttft_tail == tail
+    assert table(batch=2).prefill_tail == () and pt.unit_tail([prof(8)]) == ()
