@@ -475,6 +475,12 @@ def measure_context_cost(runner: Runner, target: Target, tp: int, batch: int, pr
             (run.compile_s, run.run_s))
 
 
+def _served_continuously(runner: Runner, target: Target) -> bool:
+    """Whether the unit's target is served continuously by a runner that serves it (static batches only): the
+    measurements only such a target's serving uses run for it alone."""
+    return target.batching == "static" and "continuous" in runner.modes and target.serving == "continuous"
+
+
 def measure_resume(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
                    buckets: Sequence[int]) -> tuple[resume_cost.ResumeCost | None, tuple[float, float]]:
     """What a decode run costs after a served admission beyond its steps (lens.resume), measured in the smallest
@@ -486,7 +492,7 @@ def measure_resume(runner: Runner, target: Target, tp: int, batch: int, profiles
     a static search would pay for nothing) or where no bucket's window holds ``resume_cost.LONG`` decode steps.
     A runner that fails it leaves 0, with the reason.
     """
-    if target.batching != "static" or "continuous" not in runner.modes or target.serving != "continuous":
+    if not _served_continuously(runner, target):
         return None, (0.0, 0.0)
     bk = tuple(sorted(buckets))
     chosen = resume_cost.pick(profiles, bk, target.bucket_policy)
@@ -519,7 +525,7 @@ def measure_busy_resume(runner: Runner, target: Target, tp: int, batch: int, pro
     a carrier decodes) or where no window holds a carrier. A runner that fails it leaves none (the shortest idle
     spell's cost prices such a pass), with the reason.
     """
-    if target.batching != "static" or "continuous" not in runner.modes or target.serving != "continuous":
+    if not _served_continuously(runner, target):
         return None, (0.0, 0.0)
     bk = tuple(sorted(buckets))
     plan = busy_resume.plan(profiles, bk, target.bucket_policy, batch=batch)
@@ -546,9 +552,10 @@ def measure_prefill_tail(runner: Runner, target: Target, tp: int, batch: int, pr
     None (nothing measured) where ``measure_resume`` measures nothing. A runner that fails it leaves none (the
     percentiles are read over the times as composed), with the reason.
     """
-    if target.batching != "static" or "continuous" not in runner.modes or target.serving != "continuous":
+    if not _served_continuously(runner, target):
         return None, (0.0, 0.0)
-    measured = {b: p for b, p in profiles.items() if b in set(buckets)}
+    want = set(buckets)
+    measured = {b: p for b, p in profiles.items() if b in want}
     if not measured:
         return None, (0.0, 0.0)
     p = prefill_tail.pick(measured)
