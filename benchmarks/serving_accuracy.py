@@ -258,7 +258,8 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
         tail, _ = measure_prefill_tail(runner, dataclasses.replace(target, serving="continuous"), tp, batch,
                                        profiles, buckets)
         if tail is not None:
-            profiles = {b: dataclasses.replace(p, prefill_tail=tail.quantiles) for b, p in profiles.items()}
+            profiles = {b: dataclasses.replace(p, prefill_tail=tail.quantiles, prefill_tail_median_s=tail.median_s)
+                        for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: {tail.said()}", file=sys.stderr)
         loose = dropped_costs(row, adm, kv, resume, busy)
         if loose:
@@ -301,6 +302,10 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 no_tail = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, prefill_tail=()), timed, scheduler=sched),
                     chips=tp)
+                # and with the tail's seconds added to every prompt alike, whatever its prefill
+                flat_tail = summarize_serving_prediction(
+                    timed, predict_serving(dataclasses.replace(side, prefill_tail_median_s=0.0), timed,
+                                           scheduler=sched), chips=tp)
                 # and with one admission offset for every pass, idle or not (lens.admission before admit_busy_s)
                 one = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, admit_busy_s=side.admit_first_s), timed,
@@ -330,6 +335,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                                  "corrected_one_admission_%": err(one[m], med),
                                  "corrected_no_busy_resume_%": err(flat[m], med),
                                  "corrected_no_tail_%": err(no_tail[m], med),
+                                 "corrected_flat_tail_%": err(flat_tail[m], med),
                                  "corrected_dropped_counted_%": err(counted[m], med)})
                 print(f"  done: tp{tp} b{batch} {wname} at {rate:.2f} req/s ({frac:g} x saturation {sat:.2f})",
                       file=sys.stderr, flush=True)
@@ -414,6 +420,8 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
                                                      "shortest idle spell's whatever its prefill (lens.busy_resume)"),
                       ("corrected_no_tail_%", "|error| corrected for drift, every prompt at its composed TTFT "
                                               "(no lone-prompt tail, lens.prefill_tail)"),
+                      ("corrected_flat_tail_%", "|error| corrected for drift, the tail's seconds added to every prompt "
+                                                "alike, not scaled by its prefill"),
                       ("corrected_dropped_counted_%", "|error| corrected for drift, every host cost within 3 standard "
                                                       "errors of none counted at its positive estimate")):
         errs = np.abs([r[key] for r in rows])

@@ -90,6 +90,8 @@ class UnitTable:
     #: a lone served prompt's TTFT about its median, at evenly spaced quantile levels (``lens.prefill_tail``;
     #: empty: every prompt takes the time composed); continuous serving reads its percentiles over it
     prefill_tail: tuple[float, ...] = ()
+    #: the median the tail lies about (``lens.prefill_tail``; 0: the tail in seconds, whatever the prompt)
+    prefill_tail_median_s: float = 0.0
 
     @classmethod
     def build(
@@ -109,6 +111,7 @@ class UnitTable:
         lo, hi = bucket_ranges(tkg, policy)
         used = [profiles[b] for b in sorted(set(ctx + tkg))]
         admit = unit_admission([profiles[b] for b in ctx])
+        tail = unit_tail([profiles[b] for b in ctx])
         kv, row_context = unit_context_cost([profiles[b] for b in tkg])
         return cls(
             batch=candidate.batch,
@@ -133,7 +136,8 @@ class UnitTable:
             admit_busy_s=admit[2],
             resume_idle=unit_by_idle([profiles[b] for b in tkg]),
             resume_busy=unit_by_pass([profiles[b] for b in tkg]),
-            prefill_tail=unit_tail([profiles[b] for b in ctx]),
+            prefill_tail=tail[0],
+            prefill_tail_median_s=tail[1],
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":

@@ -17,16 +17,23 @@ when the one before it has long ended, after idle spells cycling through ``SPELL
 light rate leaves them). Per call, each request's TTFT less the call's median (a host that
 drifts between calls moves the median, not the spread); the calls' residuals pooled, the
 profile keeps their quantiles at ``LEVELS`` evenly spaced levels from 0 to 1
-(``prefill_tail``). A request that arrived before the one ahead of it ended did not run
+(``prefill_tail``) and the calls' median (``prefill_tail_median_s``). A request that arrived before the one ahead of it ended did not run
 alone and is left out.
 
 The prediction (``draws``): each request's TTFT and E2E plus one draw from that
 distribution, ``DRAWS`` times over with a fixed seed; the latency percentiles, means and
 the SLOs' good fraction are read over every draw (``lens.serving_metrics``). A draw is
-added to the request it falls on and does not push the requests queued behind it (the
-composition stays one pass; near the knee, where one slow prefill delays the queue, this
-understates the spread). It applies to every prompt alike, lone or not: slow calls come
-whatever the device did before, and the idle spells in the measurement are a light rate's.
+scaled by the request's own prefill (its seconds as composed) over the median the tail was
+measured about (``median_s``, kept beside the quantiles as ``prefill_tail_median_s``): the
+spread grows with the prefill. Measured on this host, batch 4, two passes per bucket, the
+residuals' p10 and p90 were -0.5..-0.7 and +0.3..+1.3 ms in bucket 64 (median 6.7-7.1 ms),
+-1.8..-4.9 and +3.6..+10.0 ms in buckets 256 and 512 (19.6-52.8 ms): as fractions of the
+median -8..-15% and +5..+27% in every bucket, where in seconds bucket 512's p10 was 7-9 times
+bucket 64's. A draw is added to the request it falls on and does not push the
+requests queued behind it (the composition stays one pass; near the knee, where one slow
+prefill delays the queue, this understates the spread). It applies to every prompt, lone or
+not: slow calls come whatever the device did before, and the idle spells in the measurement
+are a light rate's.
 """
 from __future__ import annotations
 
@@ -70,15 +77,21 @@ class PrefillTail:
         if not self.quantiles:
             return self.note or "not measured"
         q = np.asarray(self.quantiles)
-        at = lambda level: float(np.interp(level, np.linspace(0.0, 1.0, q.size), q)) * 1e3  # noqa: E731
+
+        def at(level: float) -> str:
+            v = float(np.interp(level, np.linspace(0.0, 1.0, q.size), q))
+            pc = f" ({v / self.median_s * 100:+.1f}%)" if self.median_s > 0 else ""
+            return f"{v * 1e3:+.2f} ms{pc}"
+
         return (f"a lone prompt's TTFT about its median ({self.median_s * 1e3:.2f} ms, bucket {self.bucket}, "
-                f"{self.n} requests): p10 {at(0.1):+.2f}, p90 {at(0.9):+.2f}, p95 {at(0.95):+.2f}, "
-                f"max {q[-1] * 1e3:+.2f} ms")
+                f"{self.n} requests): p10 {at(0.1)}, p90 {at(0.9)}, p95 {at(0.95)}, max {at(1.0)}; "
+                f"each prompt's draws scaled by its own prefill over the median")
 
 
-def unit_tail(profiles: Sequence[BucketProfile]) -> tuple[float, ...]:
-    """A unit's ``prefill_tail`` from its profiles (one measurement gives them all the same); () without."""
-    return next((p.prefill_tail for p in profiles if p.prefill_tail), ())
+def unit_tail(profiles: Sequence[BucketProfile]) -> tuple[tuple[float, ...], float]:
+    """A unit's ``prefill_tail`` and ``prefill_tail_median_s`` from its profiles (one measurement gives them all
+    the same); ((), 0.0) without."""
+    return next(((p.prefill_tail, p.prefill_tail_median_s) for p in profiles if p.prefill_tail), ((), 0.0))
 
 
 def pick(profiles: Mapping[int, BucketProfile]) -> BucketProfile:
@@ -120,13 +133,16 @@ def solve(rounds: Sequence[np.ndarray], *, p: BucketProfile, medians: Sequence[f
                        bucket=p.bucket)
 
 
-def draws(values: np.ndarray, tail: Sequence[float], *, n: int = DRAWS, seed: int = SEED) -> np.ndarray:
-    """``values`` (per request) plus ``n`` draws each from ``tail``'s distribution: shape (requests, n); the
-    inverse of the kept quantiles, interpolated, at stratified levels (every request gets the whole range)."""
-    v = np.asarray(values, dtype=np.float64)
+def draws(prefill_s: np.ndarray, tail: Sequence[float], median_s: float = 0.0, *, n: int = DRAWS,
+          seed: int = SEED) -> np.ndarray:
+    """``n`` draws per request from ``tail``'s distribution, seconds to add to its TTFT: shape (requests, n); the
+    inverse of the kept quantiles, interpolated, at stratified levels (every request gets the whole range), each
+    scaled by the request's ``prefill_s`` over ``median_s`` (0: the tail's seconds as they are). No tail: zeros."""
+    pre = np.asarray(prefill_s, dtype=np.float64)
     q = np.asarray(tail, dtype=np.float64)
     if q.size < 2:
-        return v[:, None].repeat(n, axis=1)
+        return np.zeros((pre.size, n))
     rng = np.random.default_rng(seed)
-    u = (np.arange(n)[None, :] + rng.random((v.size, n))) / n  # one draw in each n-th of the range
-    return v[:, None] + np.interp(u, np.linspace(0.0, 1.0, q.size), q)
+    u = (np.arange(n)[None, :] + rng.random((pre.size, n))) / n  # one draw in each n-th of the range
+    scale = pre[:, None] / median_s if median_s > 0 else 1.0
+    return np.interp(u, np.linspace(0.0, 1.0, q.size), q) * scale

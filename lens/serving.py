@@ -64,6 +64,8 @@ class ServingPrediction:
     #: a lone prompt's TTFT about its median at evenly spaced levels (``lens.prefill_tail``): the latency
     #: percentiles are read over draws from it (``lens.serving_metrics``); empty: over the times as composed
     ttft_tail: tuple[float, ...] = ()
+    #: the median it lies about: each request's draws are scaled by its own prefill over it (0: as they are)
+    ttft_tail_median_s: float = 0.0
 
     @property
     def ttft_s(self) -> np.ndarray:
@@ -76,6 +78,11 @@ class ServingPrediction:
     @property
     def queue_s(self) -> np.ndarray:
         return self.admit_s - self.arrival_s
+
+    @property
+    def prefill_s(self) -> np.ndarray:
+        """Each request's own prefill: its admission to its first token (a batched call's, for its rows)."""
+        return self.first_s - self.admit_s
 
     @property
     def tpot_s(self) -> np.ndarray:
@@ -137,7 +144,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         decode_steps=steps, busy_s=busy,
         prefill_padding=1 - used_pre / slots_pre if slots_pre else 0.0,
         decode_padding=1 - useful_dec / slot_tokens if slot_tokens else 0.0,
-        ttft_tail=table.prefill_tail,
+        ttft_tail=table.prefill_tail, ttft_tail_median_s=table.prefill_tail_median_s,
     )
 
 

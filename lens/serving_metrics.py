@@ -127,7 +127,7 @@ def summarize_serving_prediction(requests: Requests, pred, *, chips: int = 1,
 
     With a measured tail of the prompts' TTFT (``pred.ttft_tail``, ``lens.prefill_tail``), the
     TTFT and E2E means and percentiles, the good fraction and the goodput are read over
-    ``lens.prefill_tail.DRAWS`` draws per request (TPOT does not move: a request's first and
+    ``lens.prefill_tail.DRAWS`` draws per request, each scaled by the request's own prefill (TPOT does not move: a request's first and
     last tokens move together).
     """
     m = summarize_serving(
@@ -136,7 +136,7 @@ def summarize_serving_prediction(requests: Requests, pred, *, chips: int = 1,
         decode_padding=pred.decode_padding,
     )
     if len(pred.ttft_tail) >= 2 and len(requests):
-        d = prefill_tail.draws(np.zeros(len(requests)), pred.ttft_tail)
+        d = prefill_tail.draws(pred.prefill_s, pred.ttft_tail, pred.ttft_tail_median_s)
         ttft, e2e = pred.ttft_s[:, None] + d, pred.e2e_s[:, None] + d
         m.update(latency_stats("ttft", ttft.ravel()))
         m.update(latency_stats("e2e", e2e.ravel()))

@@ -277,6 +277,9 @@ class BucketProfile:
     #: seconds a lone served prompt's TTFT lies from the median of its kind, at the quantile levels 0, 1/(n-1), ...
     #: 1, non-decreasing (lens.prefill_tail; empty: every prefill takes the time the profile composes)
     prefill_tail: tuple[float, ...] = ()
+    #: the lone prompts' median TTFT the tail lies about (seconds): a prompt's own prefill over it scales its draws
+    #: (a prefill's spread grows with its length); 0: the tail's seconds are read as they are, whatever the prompt
+    prefill_tail_median_s: float = 0.0
 
     @property
     def rel_err(self) -> float:

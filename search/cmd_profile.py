@@ -114,7 +114,8 @@ def cmd_profile(args) -> int:
                                   "resume_s": p.resume_s, "admit_busy_s": p.admit_busy_s,
                                   "resume_idle": [list(x) for x in p.resume_idle],
                                   "resume_busy": [list(x) for x in p.resume_busy],
-                                  "prefill_tail": list(p.prefill_tail)}
+                                  "prefill_tail": list(p.prefill_tail),
+                                  "prefill_tail_median_s": p.prefill_tail_median_s}
                          for b, p in profiles.items()},
             "row_cost": None if out.rows is None else {
                 "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,

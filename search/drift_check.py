@@ -86,6 +86,7 @@ class DriftCheck:
     resume_idle: tuple[tuple[float, float], ...] = ()
     resume_busy: tuple[tuple[float, float], ...] = ()
     prefill_tail: tuple[float, ...] = ()
+    prefill_tail_median_s: float = 0.0
     #: a served pass's first prompt when it stops a running decode (``lens.admission``), carried over as the others
     admit_busy_s: float = 0.0
 
@@ -114,11 +115,12 @@ class DriftCheck:
         cached = [profiles[b] for b in used if b in profiles]
         first, nxt, busy = unit_admission(cached)
         kv, row_context = unit_context_cost(cached)
+        tail, tail_median = unit_tail(cached)
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
                    all_buckets, profile, side, probes, unit_row_s(cached), admit_first_s=first, admit_next_s=nxt,
                    kv_token_s=kv, row_context=row_context, resume_s=unit_resume(cached), admit_busy_s=busy,
                    resume_idle=unit_by_idle(cached), resume_busy=unit_by_pass(cached),
-                   prefill_tail=unit_tail(cached))
+                   prefill_tail=tail, prefill_tail_median_s=tail_median)
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
@@ -260,5 +262,6 @@ def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
                    simulated=res.simulated), row_s=check.row_s, admit_first_s=check.admit_first_s,
         admit_next_s=check.admit_next_s, kv_token_s=check.kv_token_s, row_context=check.row_context,
         resume_s=check.resume_s, admit_busy_s=check.admit_busy_s, resume_idle=check.resume_idle,
-        resume_busy=check.resume_busy, prefill_tail=check.prefill_tail)
+        resume_busy=check.resume_busy, prefill_tail=check.prefill_tail,
+        prefill_tail_median_s=check.prefill_tail_median_s)
         for b, f in fits.items()}, ""

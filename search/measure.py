@@ -358,7 +358,8 @@ def measure_unit(
     tail, tail_spent = measure_prefill_tail(runner, target, tp, batch, profiles, want)
     compile_s, run_s = compile_s + tail_spent[0], run_s + tail_spent[1]
     if tail is not None:
-        profiles = {b: dataclasses.replace(p, prefill_tail=tail.quantiles) for b, p in profiles.items()}
+        profiles = {b: dataclasses.replace(p, prefill_tail=tail.quantiles, prefill_tail_median_s=tail.median_s)
+                    for b, p in profiles.items()}
     noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict[b]}
     return UnitMeasurement(
         tp=tp, batch=batch, profiles=profiles, compile_s=compile_s, run_s=run_s, host=result.host,

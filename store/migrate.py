@@ -47,7 +47,9 @@ def fill_added(row: Mapping[str, Any], prefill: str = PREFILLS[0]) -> dict[str, 
             # schema 10: a busy pass's resume priced at the shortest idle spell, whatever its prefill
             "resume_busy": "[]",
             # schema 11: every prefill took its composed time (no quantiles about the median)
-            "prefill_tail": "[]"}
+            "prefill_tail": "[]",
+            # schema 12: a tail's seconds read as they are, whatever the prompt
+            "prefill_tail_median_s": 0.0}
 
 
 def spreads_from_raw(con: sqlite3.Connection) -> None:

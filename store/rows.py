@@ -217,6 +217,7 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "resume_idle": lambda v: _pairs_json(v, text=text, key="idle seconds"),  # (lens.resume)
         "resume_busy": lambda v: _pairs_json(v, text=text, key="pass seconds"),  # (lens.busy_resume)
         "prefill_tail": lambda v: _quantiles_json(v, text=text),  # (lens.prefill_tail)
+        "prefill_tail_median_s": f,  # the median it lies about (0: its seconds read as they are)
     }
 
 
@@ -254,7 +255,7 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "row_s": p.row_s, "admit_first_s": p.admit_first_s, "admit_next_s": p.admit_next_s,
         "kv_token_s": p.kv_token_s, "row_context": p.row_context, "resume_s": p.resume_s,
         "admit_busy_s": p.admit_busy_s, "resume_idle": p.resume_idle, "resume_busy": p.resume_busy,
-        "prefill_tail": p.prefill_tail,
+        "prefill_tail": p.prefill_tail, "prefill_tail_median_s": p.prefill_tail_median_s,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -285,6 +286,7 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         resume_idle=tuple((float(i), float(c)) for i, c in json.loads(r["resume_idle"])),
         resume_busy=tuple((float(x), float(c)) for x, c in json.loads(r["resume_busy"])),
         prefill_tail=tuple(float(x) for x in json.loads(r["prefill_tail"])),
+        prefill_tail_median_s=float(r["prefill_tail_median_s"]),
     )
 
 

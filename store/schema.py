@@ -39,6 +39,9 @@ A file of an older schema is brought to :data:`SCHEMA_VERSION` on open by the st
 - schema 11: a lone served prompt's TTFT quantiles about its median (``prefill_tail``, a
   JSON list of seconds, non-decreasing, ``lens.prefill_tail``); older profiles get an empty
   list (every prefill takes its composed time, as they were composed).
+- schema 12: the median the tail lies about (``prefill_tail_median_s``: each prompt's draws
+  are scaled by its own prefill over it); older profiles get 0 (their tail's seconds are read
+  as they are, whatever the prompt, as they were composed).
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ from typing import Callable
 #: "LENS" in ASCII: marks an SQLite file as a lensopt profile cache
 APPLICATION_ID = 0x4C454E53
 #: the schema this code reads and writes (``PRAGMA user_version``)
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 #: the first 16 bytes of every SQLite database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -66,13 +69,14 @@ PROFILE_COLUMNS = (
     "t1_s", "t2_s", "raw_t1", "raw_t2", "repeats", "spread", "runner", "host",
     "measured_at", "simulated", "source", "ttft_err_s", "tbt_err_s", "excess", "accepted", "row_s",
     "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s",
-    "resume_idle", "resume_busy", "prefill_tail",
+    "resume_idle", "resume_busy", "prefill_tail", "prefill_tail_median_s",
 )
 #: the columns each schema version added at the end of ``profiles`` (its migration adds them)
 ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted"), 4: ("row_s",),
                          5: ("admit_first_s", "admit_next_s"), 6: ("kv_token_s", "row_context"),
                          7: ("resume_s",), 8: ("admit_busy_s",), 9: ("resume_idle",),
-                         10: ("resume_busy",), 11: ("prefill_tail",)}
+                         10: ("resume_busy",), 11: ("prefill_tail",),
+                         12: ("prefill_tail_median_s",)}
 #: the primary key of a profile: the first columns of :data:`PROFILE_COLUMNS`
 PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
 #: integer and real columns of ``profiles``; ``simulated`` is 0/1, the rest text
@@ -80,7 +84,8 @@ PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
 #: ``prefill_tail`` one of seconds of either sign)
 INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats")
 FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at", "ttft_err_s", "tbt_err_s", "excess",
-                 "row_s", "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s")
+                 "row_s", "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s",
+                 "prefill_tail_median_s")
 #: 0/1 columns
 BOOL_COLUMNS = ("simulated", "accepted")
 CLAIM_COLUMNS = ("fingerprint", "tp", "batch", "buckets", "owner", "claimed_at", "expires_at")
@@ -140,6 +145,7 @@ CREATE TABLE profiles (
     resume_idle TEXT    NOT NULL DEFAULT '[]',
     resume_busy TEXT    NOT NULL DEFAULT '[]',
     prefill_tail TEXT   NOT NULL DEFAULT '[]',
+    prefill_tail_median_s REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (fingerprint, tp, batch, bucket)
 );
 """
@@ -185,6 +191,7 @@ MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = 
     9: ("ALTER TABLE profiles ADD COLUMN resume_idle TEXT NOT NULL DEFAULT '[]'",),
     10: ("ALTER TABLE profiles ADD COLUMN resume_busy TEXT NOT NULL DEFAULT '[]'",),
     11: ("ALTER TABLE profiles ADD COLUMN prefill_tail TEXT NOT NULL DEFAULT '[]'",),
+    12: ("ALTER TABLE profiles ADD COLUMN prefill_tail_median_s REAL NOT NULL DEFAULT 0",),
 }
 #: the oldest schema a cache may have and still be opened (brought up to date)
 OLDEST_VERSION = 1

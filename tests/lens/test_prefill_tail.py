@@ -42,13 +42,23 @@ def test_the_kept_quantiles_span_the_pooled_residuals_and_need_enough_of_them():
 
 def test_draws_follow_the_tail_and_are_the_same_every_time():
     tail = tuple(np.linspace(-0.001, 0.003, pt.LEVELS))  # uniform on [-1, +3] ms
-    v = np.array([0.005, 0.010])
-    d = pt.draws(v, tail, n=400)
+    pre = np.array([0.005, 0.010])
+    d = pt.draws(pre, tail, n=400)  # no median: the tail's seconds as they are, whatever the prefill
     assert d.shape == (2, 400)
-    assert np.allclose(d.mean(axis=1) - v, 0.001, atol=1e-4)  # the uniform's mean, in every row (stratified)
-    assert d.min() >= 0.004 - 1e-12 and d.max() <= 0.013 + 1e-12
-    assert np.array_equal(d, pt.draws(v, tail, n=400))
-    assert np.array_equal(pt.draws(v, (), n=3), np.repeat(v[:, None], 3, axis=1))  # no tail: as composed
+    assert np.allclose(d.mean(axis=1), 0.001, atol=1e-4)  # the uniform's mean, in every row (stratified)
+    assert d.min() >= -0.001 - 1e-12 and d.max() <= 0.003 + 1e-12
+    assert np.array_equal(d, pt.draws(pre, tail, n=400))
+    assert np.array_equal(pt.draws(pre, (), n=3), np.zeros((2, 3)))  # no tail: as composed
+
+
+def test_draws_scale_with_each_prompts_own_prefill_over_the_median():
+    tail = tuple(np.linspace(-0.001, 0.003, pt.LEVELS))  # about a median of 5 ms: -20% .. +60%
+    pre = np.array([0.005, 0.010, 0.050])
+    d = pt.draws(pre, tail, 0.005, n=400)
+    # the prompt at the median draws the tail as measured; one of ten times its prefill, ten times the seconds
+    assert np.allclose(d.mean(axis=1), [0.001, 0.002, 0.010], rtol=1e-3)
+    assert d[2].min() >= -0.010 - 1e-12 and d[2].max() <= 0.030 + 1e-12
+    assert np.allclose(d[0], pt.draws(pre, tail, n=400)[0])  # the same levels: at the median, as unscaled
 
 
 def _riser():
@@ -87,13 +97,31 @@ def test_goodput_counts_the_draws_that_miss_the_slo():
         plain["request_throughput_req_s"] * tailed["good_fraction"])
 
 
+def test_a_longer_prompts_percentile_reads_a_wider_tail_when_the_median_is_known():
+    req = _riser()
+    tail = tuple(np.r_[np.zeros(pt.LEVELS - 3), [0.2, 0.5, 0.8]])
+    plain = dataclasses.replace(table(batch=2), prefill_tail=tail)  # measured about a 1 s median (bucket 8)
+    scaled = dataclasses.replace(plain, prefill_tail_median_s=1.0)
+    a = summarize_serving_prediction(req, predict_serving(plain, req))
+    b = summarize_serving_prediction(req, predict_serving(scaled, req))
+    # the bucket-8 prompts prefill in 1 s, the median: their draws are the same; the two bucket-16 ones (2 s)
+    # draw twice the seconds, so the max grows and the mean by their share of the tail's mean
+    pred = predict_serving(scaled, req)
+    assert np.allclose(pred.prefill_s, [1.0] * 18 + [2.0] * 2)
+    assert b["ttft_p99_s"] > a["ttft_p99_s"] + 0.1
+    d = pt.draws(np.zeros(20), tail)  # the same levels either way; the two long prompts draw theirs once more
+    extra = d[18:].mean() * 2 / 20
+    assert b["ttft_mean_s"] == pytest.approx(a["ttft_mean_s"] + extra, rel=1e-6)
+
+
 def test_the_unit_table_takes_the_tail_from_its_profiles():
     from lens.compose import UnitTable
     from lens.types import Candidate
 
     tail = (-0.001, 0.0, 0.002)
-    profiles = {b: dataclasses.replace(prof(b), prefill_tail=tail) for b in (8, 16)}
+    profiles = {b: dataclasses.replace(prof(b), prefill_tail=tail, prefill_tail_median_s=0.0065) for b in (8, 16)}
     t = UnitTable.build(Candidate(1, 2, (8, 16), (8, 16)), profiles, policy="exclusive")
-    assert t.prefill_tail == tail
-    assert predict_serving(t, _riser()).ttft_tail == tail
-    assert table(batch=2).prefill_tail == () and pt.unit_tail([prof(8)]) == ()
+    assert t.prefill_tail == tail and t.prefill_tail_median_s == 0.0065
+    pred = predict_serving(t, _riser())
+    assert pred.ttft_tail == tail and pred.ttft_tail_median_s == 0.0065
+    assert table(batch=2).prefill_tail == () and pt.unit_tail([prof(8)]) == ((), 0.0)

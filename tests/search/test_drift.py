@@ -462,3 +462,32 @@ def test_auto_passes_fit_the_time_budget(tmp_path, capsys, monkeypatch):
     out = measure(sp, cache, capsys)
     assert out["repeats"] == passes.LEAST and "budget of passes" in out["repeats_auto"]["limit"]
     assert out["repeats_auto"]["wanted"] > passes.MOST
+
+
+def test_the_side_by_side_profiles_carry_the_served_costs_their_probes_cannot_see():
+    """The rounds run static probes: what only served runs measure (here the lone-prompt tail and the median it
+    lies about, and the resume costs) is carried from the cached profiles into the side-by-side ones."""
+    import dataclasses
+
+    import numpy as np
+
+    from lens.probes import plan_probes, solve
+    from lens.types import Candidate, ModelShape, Requests, Target, Unit
+    from search.drift_check import DriftCheck, checked
+    from spaces import Budget, ProfileSettings
+
+    target = Target(name="t", runner="sim", hardware="inf2", bucket_policy="exclusive", dtype="bfloat16",
+                    model=ModelShape(layers=2, hidden=64, heads=2, kv_heads=1, intermediate=128, vocab=256))
+    unit, buckets = Unit(target, 1, 2), (64, 128)
+    served = dict(prefill_tail=(-0.001, 0.0, 0.004), prefill_tail_median_s=0.0065, resume_s=0.002,
+                  resume_busy=((0.005, 0.001),))
+    cached = {b: dataclasses.replace(p, **served) for b, p in solve(
+        Scripted().profile(unit, plan_probes(buckets, policy="exclusive", max_output=32, repeats=5)).runs,
+        batch=2, max_spread=0.05).items()}
+    req = Requests(np.array([70, 90, 100]), np.array([8, 12, 5]))
+    check = DriftCheck.build(target, Candidate(1, 2, buckets, buckets), req, cached, budget=Budget(),
+                             profile=ProfileSettings(), all_buckets=buckets)
+    _, dr = checked(Scripted(), unit, check, [lambda: "pass"])
+    assert dr.side_by_side and dr.profiles
+    for p in dr.profiles.values():
+        assert {k: getattr(p, k) for k in served} == served

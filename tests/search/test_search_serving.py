@@ -96,4 +96,5 @@ def test_profile_json_of_a_served_target_gives_the_busy_pass_resume_per_level(tm
     tail = out["prefill_tail"]
     assert tail["requests"] > 0 and len(tail["quantiles_s"]) == 21 and tail["bucket"] == 128 and tail["run_s"] > 0
     assert tail["quantiles_s"] == sorted(tail["quantiles_s"]) and tail["median_s"] > 0
-    assert all(p["prefill_tail"] == tail["quantiles_s"] for p in out["profiles"].values())
+    assert all(p["prefill_tail"] == tail["quantiles_s"] and p["prefill_tail_median_s"] == tail["median_s"]
+               for p in out["profiles"].values())

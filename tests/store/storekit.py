@@ -41,7 +41,7 @@ def profile(bucket: int, **kw) -> BucketProfile:
         runner="sim", host="host-a", measured_at=1_700_000_000.123, simulated=True,
         raw_t1=(0.12, 0.123456789012345, 0.13), raw_t2=(0.98, 0.99, 1e-9), source="simulated",
         resume_s=0.005, resume_idle=((0.004, 0.001), (0.1, 0.005)), resume_busy=((0.005, 0.001), (0.04, 0.008)),
-        prefill_tail=(-0.001, 0.0, 0.0005, 0.004),
+        prefill_tail=(-0.001, 0.0, 0.0005, 0.004), prefill_tail_median_s=0.0065,
     )
     base.update(kw)
     return BucketProfile(**base)

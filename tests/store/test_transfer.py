@@ -70,6 +70,7 @@ def _exported_csv(tmp_path, cache) -> pd.DataFrame:
     ("prefill_tail", "[0.001]", "at least 2"),
     ("prefill_tail", "{\"p50\": 0.0}", "not a JSON list"),
     ("prefill_tail", json.dumps([0.0] * 1002), "at most 1001"),
+    ("prefill_tail_median_s", "-0.006", "negative"),
 ])
 def test_import_bad_value_names_row_and_column(tmp_path, cache, column, value, problem):
     df = _exported_csv(tmp_path, cache)
