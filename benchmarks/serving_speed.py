@@ -8,7 +8,11 @@ prediction's speed is measured here), then times, repeated, with median and spre
   times (goal: well under a second);
 - the same requests arriving as a Poisson process at the unit's saturation rate (the
   heaviest case: the slots are always full, so every step boundary is an event);
-- the bisection for the largest sustainable rate on 2,000 requests.
+- the bisection for the largest sustainable rate on 2,000 requests;
+- the summary of the trace prediction (``summarize_serving_prediction``: percentiles, good fraction,
+  goodput), as composed and read over a prompt-TTFT tail's draws (``lens.prefill_tail.DRAWS`` per
+  request; the sim's profiles measure none, so the tail here is a made-up 21-level one, whose values
+  do not change the time).
 
     python benchmarks/serving_speed.py [--trace PATH] [--batch 32] [--requests 10000] [--repeats 7]
 """
@@ -21,14 +25,18 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lens import arrivals  # noqa: E402
 from lens.capacity import max_sustainable_rate, saturation_rate  # noqa: E402
 from lens.compose import UnitTable  # noqa: E402
+from lens.prefill_tail import DRAWS  # noqa: E402
 from lens.probes import plan_probes, solve  # noqa: E402
 from lens.serving import Scheduler, predict_serving  # noqa: E402
+from lens.serving_metrics import summarize_serving_prediction  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from lens.workload import fit_to, read_trace, window  # noqa: E402
 from runners import get_runner  # noqa: E402
@@ -99,6 +107,12 @@ def main(argv=None) -> int:
                                            slo={"ttft_p90_s": 2.0}), max(3, args.repeats // 2))
     print(f"  largest sustainable rate, {len(small)} requests, ttft_p90_s <= 2 s: {search.rate_req_s:.3f} req/s "
           f"after {search.evaluations} predictions: {fmt(t)}")
+    tailed = dataclasses.replace(pred, ttft_tail=tuple(float(v) for v in np.linspace(-1e-3, 2e-3, 21)),
+                                 ttft_tail_median_s=0.01)
+    print(f"  summary of the trace prediction, as composed: "
+          f"{fmt(timed(lambda: summarize_serving_prediction(req, pred), args.repeats))}")
+    print(f"  the same, read over a prompt tail ({len(tailed.ttft_tail)} levels, "
+          f"{len(req) * DRAWS:,} draws): {fmt(timed(lambda: summarize_serving_prediction(req, tailed), args.repeats))}")
     return 0
 
 
