@@ -40,6 +40,17 @@ def test_the_kept_quantiles_span_the_pooled_residuals_and_need_enough_of_them():
     assert few.quantiles == () and "fewer than" in few.note and few.said() == few.note
 
 
+def test_one_slow_call_in_the_measurement_stays_about_that_rare_in_the_draws():
+    x = np.r_[np.zeros(95), [0.040]]  # 96 lone prompts, one of them stalled 40 ms
+    got = pt.solve([x[:48], x[48:]], p=prof(8), medians=[0.016, 0.016])
+    d = pt.draws(np.zeros(1000), got.quantiles, n=pt.DRAWS)
+    slow = d > 0.001
+    # the kept quantiles do not spread it over a whole top level's mass (at 21 levels: 5% of the draws, at a
+    # mean of half its excess); what the draws add on average is about what the measurement held
+    assert slow.mean() < 0.02
+    assert d.mean() == pytest.approx(x.mean(), rel=0.5)
+
+
 def test_draws_follow_the_tail_and_are_the_same_every_time():
     tail = tuple(np.linspace(-0.001, 0.003, pt.LEVELS))  # uniform on [-1, +3] ms
     pre = np.array([0.005, 0.010])
@@ -56,7 +67,9 @@ def test_draws_scale_with_each_prompts_own_prefill_over_the_median():
     pre = np.array([0.005, 0.010, 0.050])
     d = pt.draws(pre, tail, 0.005, n=400)
     # the prompt at the median draws the tail as measured; one of ten times its prefill, ten times the seconds
-    assert np.allclose(d.mean(axis=1), [0.001, 0.002, 0.010], rtol=1e-3)
+    m = d.mean(axis=1)
+    assert m[0] == pytest.approx(0.001, abs=0.00003)  # the uniform's mean, less half a level (read as steps)
+    assert np.allclose(m / m[0], [1.0, 2.0, 10.0])
     assert d[2].min() >= -0.010 - 1e-12 and d[2].max() <= 0.030 + 1e-12
     assert np.allclose(d[0], pt.draws(pre, tail, n=400)[0])  # the same levels: at the median, as unscaled
 
@@ -69,7 +82,7 @@ def _riser():
 
 def test_a_percentile_below_a_riser_reads_the_tail_and_tpot_does_not_move():
     req = _riser()
-    tail = tuple(np.r_[np.zeros(pt.LEVELS - 3), [0.2, 0.5, 0.8]])  # one prompt in ten or so is slow
+    tail = tuple(np.r_[np.zeros(18), [0.2, 0.5, 0.8]])  # one prompt in ten or so is slow
     plain = table(batch=2)
     with_tail = dataclasses.replace(plain, prefill_tail=tail)
     a = summarize_serving_prediction(req, predict_serving(plain, req))
@@ -86,7 +99,7 @@ def test_a_percentile_below_a_riser_reads_the_tail_and_tpot_does_not_move():
 
 def test_goodput_counts_the_draws_that_miss_the_slo():
     req = _riser()
-    tail = tuple(np.r_[np.zeros(pt.LEVELS - 3), [0.2, 0.5, 0.8]])
+    tail = tuple(np.r_[np.zeros(18), [0.2, 0.5, 0.8]])
     slo = RequestSLO(ttft_s=1.05)
     plain = summarize_serving_prediction(req, predict_serving(table(batch=2), req), slo=slo)
     tailed = summarize_serving_prediction(
@@ -99,7 +112,7 @@ def test_goodput_counts_the_draws_that_miss_the_slo():
 
 def test_a_longer_prompts_percentile_reads_a_wider_tail_when_the_median_is_known():
     req = _riser()
-    tail = tuple(np.r_[np.zeros(pt.LEVELS - 3), [0.2, 0.5, 0.8]])
+    tail = tuple(np.r_[np.zeros(18), [0.2, 0.5, 0.8]])
     plain = dataclasses.replace(table(batch=2), prefill_tail=tail)  # measured about a 1 s median (bucket 8)
     scaled = dataclasses.replace(plain, prefill_tail_median_s=1.0)
     a = summarize_serving_prediction(req, predict_serving(plain, req))

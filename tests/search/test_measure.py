@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lens.prefill_tail import LEVELS
 from lens.probes import fit, plan_probes, probe_window
 from lens.context_cost import STEPS
 from lens.errors import RunnerError
@@ -430,9 +431,9 @@ def test_a_lone_prompts_ttft_tail_is_measured_and_kept_in_every_profile():
     t = m.tail
     assert t is not None and m.tail_s > 0 and t.note == "" and t.bucket == BUCKETS[0], t
     q = np.asarray(t.quantiles)
-    assert t.n == 2 * 48 and q.size == 21
+    assert t.n == 2 * 48 and q.size == LEVELS
     # at most a tenth is slow: every level up to 0.85 reads the quiet prompts, the top one the slow ones
-    assert np.allclose(q[:18], 0.0, atol=2e-4) and q[-1] == pytest.approx(0.005, abs=2e-4), q
+    assert np.allclose(q[:86], 0.0, atol=2e-4) and q[-1] == pytest.approx(0.005, abs=2e-4), q
     assert {p.prefill_tail for p in m.profiles.values()} == {t.quantiles}
     # with the median it lies about, which scales each prompt's draws by its own prefill
     assert t.median_s > 0 and {p.prefill_tail_median_s for p in m.profiles.values()} == {t.median_s}

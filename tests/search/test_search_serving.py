@@ -4,6 +4,7 @@ import json
 
 import pandas as pd
 
+from lens.prefill_tail import LEVELS
 from searchkit import SIM_SPACE
 from search.cmd_run import _num, print_front
 from search.run import run
@@ -94,7 +95,7 @@ def test_profile_json_of_a_served_target_gives_the_busy_pass_resume_per_level(tm
         assert p["resume_busy"] == pairs
     # and a lone prompt's TTFT tail, kept in every profile (SIMULATED: the sim's own spread)
     tail = out["prefill_tail"]
-    assert tail["requests"] > 0 and len(tail["quantiles_s"]) == 21 and tail["bucket"] == 128 and tail["run_s"] > 0
+    assert tail["requests"] > 0 and len(tail["quantiles_s"]) == LEVELS and tail["bucket"] == 128 and tail["run_s"] > 0
     assert tail["quantiles_s"] == sorted(tail["quantiles_s"]) and tail["median_s"] > 0
     assert all(p["prefill_tail"] == tail["quantiles_s"] and p["prefill_tail_median_s"] == tail["median_s"]
                for p in out["profiles"].values())
