@@ -128,9 +128,9 @@ def solve(rounds: Sequence[np.ndarray], *, p: BucketProfile, medians: Sequence[f
     if x.size < LEAST:
         return PrefillTail(n=int(x.size), median_s=med, bucket=p.bucket,
                            note=f"not measured: {x.size} lone requests ran alone, fewer than {LEAST}")
-    q = np.quantile(x, np.linspace(0.0, 1.0, levels), method="inverted_cdf")  # each a residual measured
-    return PrefillTail(tuple(float(v) for v in np.maximum.accumulate(q)), n=int(x.size), median_s=med,
-                       bucket=p.bucket)
+    # each a residual measured, so non-decreasing as they come
+    q = np.quantile(x, np.linspace(0.0, 1.0, levels), method="inverted_cdf")
+    return PrefillTail(tuple(float(v) for v in q), n=int(x.size), median_s=med, bucket=p.bucket)
 
 
 def draws(prefill_s: np.ndarray, tail: Sequence[float], median_s: float = 0.0, *, n: int = DRAWS,
