@@ -58,7 +58,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lens import arrivals  # noqa: E402
+from lens import arrivals, prefill_tail  # noqa: E402
 from lens.capacity import saturation_rate  # noqa: E402
 from lens.compose import UnitTable  # noqa: E402
 from lens.distributions import sample  # noqa: E402
@@ -302,6 +302,8 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 no_tail = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, prefill_tail=()), timed, scheduler=sched),
                     chips=tp)
+                # and with the tail's draws added to each request's own times, not pushing back the queue behind it
+                added = added_tail(timed, side, sched, tp)
                 # and with the tail's seconds added to every prompt alike, whatever its prefill
                 flat_tail = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, prefill_tail_median_s=0.0), timed,
@@ -336,12 +338,24 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                                  "corrected_no_busy_resume_%": err(flat[m], med),
                                  "corrected_no_tail_%": err(no_tail[m], med),
                                  "corrected_flat_tail_%": err(flat_tail[m], med),
+                                 "corrected_added_tail_%": err(added[m], med),
                                  "corrected_dropped_counted_%": err(counted[m], med)})
                 print(f"  done: tp{tp} b{batch} {wname} at {rate:.2f} req/s ({frac:g} x saturation {sat:.2f})",
                       file=sys.stderr, flush=True)
                 if args.csv:
                     write_csv(rows, args.csv)
     return rows
+
+
+def added_tail(timed: Requests, table: UnitTable, sched, chips: int) -> dict:
+    """The tail read as before it was run through the machine: one composition, each request's first and last
+    token moved by its own draws (``lens.prefill_tail.draws``), nothing queued behind it pushed back."""
+    pred = predict_serving(table, timed, scheduler=sched, tail=False)
+    if len(table.prefill_tail) >= 2:
+        d = prefill_tail.draws(pred.prefill_s, table.prefill_tail, table.prefill_tail_median_s)
+        pred = dataclasses.replace(pred, drawn_first_s=pred.first_s[:, None] + d,
+                                   drawn_finish_s=pred.finish_s[:, None] + d)
+    return summarize_serving_prediction(timed, pred, chips=chips)
 
 
 def pooled_latencies(timed: Requests, runs) -> dict[str, np.ndarray]:
@@ -422,6 +436,8 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
                                               "(no lone-prompt tail, lens.prefill_tail)"),
                       ("corrected_flat_tail_%", "|error| corrected for drift, the tail's seconds added to every prompt "
                                                 "alike, not scaled by its prefill"),
+                      ("corrected_added_tail_%", "|error| corrected for drift, the tail's draws added to each "
+                                                 "request's own times, the queue behind it not pushed back"),
                       ("corrected_dropped_counted_%", "|error| corrected for drift, every host cost within 3 standard "
                                                       "errors of none counted at its positive estimate")):
         errs = np.abs([r[key] for r in rows])

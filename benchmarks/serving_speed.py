@@ -9,10 +9,12 @@ prediction's speed is measured here), then times, repeated, with median and spre
 - the same requests arriving as a Poisson process at the unit's saturation rate (the
   heaviest case: the slots are always full, so every step boundary is an event);
 - the bisection for the largest sustainable rate on 2,000 requests;
+- with a prompt-TTFT tail (``lens.prefill_tail``): the trace prediction, which then runs the machine
+  again with every prefill stretched by a draw (``replicas(n)`` runs: one for 10,000 requests, 16
+  for the 120 of the accuracy benchmark), and the 120-request one; the sim's profiles measure no
+  tail, so the tail here is a made-up 101-level one, whose values barely change the time;
 - the summary of the trace prediction (``summarize_serving_prediction``: percentiles, good fraction,
-  goodput), as composed and read over a prompt-TTFT tail's draws (``lens.prefill_tail.DRAWS`` per
-  request; the sim's profiles measure none, so the tail here is a made-up 21-level one, whose values
-  do not change the time).
+  goodput), as composed and read over the tail's runs.
 
     python benchmarks/serving_speed.py [--trace PATH] [--batch 32] [--requests 10000] [--repeats 7]
 """
@@ -33,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from lens import arrivals  # noqa: E402
 from lens.capacity import max_sustainable_rate, saturation_rate  # noqa: E402
 from lens.compose import UnitTable  # noqa: E402
-from lens.prefill_tail import DRAWS  # noqa: E402
+from lens.prefill_tail import replicas  # noqa: E402
 from lens.probes import plan_probes, solve  # noqa: E402
 from lens.serving import Scheduler, predict_serving  # noqa: E402
 from lens.serving_metrics import summarize_serving_prediction  # noqa: E402
@@ -107,12 +109,20 @@ def main(argv=None) -> int:
                                            slo={"ttft_p90_s": 2.0}), max(3, args.repeats // 2))
     print(f"  largest sustainable rate, {len(small)} requests, ttft_p90_s <= 2 s: {search.rate_req_s:.3f} req/s "
           f"after {search.evaluations} predictions: {fmt(t)}")
-    tailed = dataclasses.replace(pred, ttft_tail=tuple(float(v) for v in np.linspace(-1e-3, 2e-3, 21)),
-                                 ttft_tail_median_s=0.01)
+    with_tail = dataclasses.replace(table, prefill_tail=tuple(float(v) for v in np.linspace(-1e-3, 2e-3, 101)),
+                                    prefill_tail_median_s=0.01)
+    few = Requests(req.input_len[:120], req.output_len[:120], req.arrival_s[:120], req.name)
+    print(f"  trace arrivals with a prompt tail ({replicas(len(req))} more run of the machine): "
+          f"{fmt(timed(lambda: predict_serving(with_tail, req, scheduler=sched), args.repeats))}")
+    print(f"  its first {len(few)} requests, as composed: "
+          f"{fmt(timed(lambda: predict_serving(table, few, scheduler=sched), args.repeats))}")
+    print(f"  the same with the tail ({replicas(len(few))} more runs): "
+          f"{fmt(timed(lambda: predict_serving(with_tail, few, scheduler=sched), args.repeats))}")
+    tailed = predict_serving(with_tail, req, scheduler=sched)
     print(f"  summary of the trace prediction, as composed: "
           f"{fmt(timed(lambda: summarize_serving_prediction(req, pred), args.repeats))}")
-    print(f"  the same, read over a prompt tail ({len(tailed.ttft_tail)} levels, "
-          f"{len(req) * DRAWS:,} draws): {fmt(timed(lambda: summarize_serving_prediction(req, tailed), args.repeats))}")
+    print(f"  the same, read over the tail's run: "
+          f"{fmt(timed(lambda: summarize_serving_prediction(req, tailed), args.repeats))}")
     return 0
 
 

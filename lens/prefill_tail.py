@@ -20,20 +20,24 @@ profile keeps their quantiles at ``LEVELS`` evenly spaced levels from 0 to 1
 (``prefill_tail``) and the calls' median (``prefill_tail_median_s``). A request that arrived before the one ahead of it ended did not run
 alone and is left out.
 
-The prediction (``draws``): each request's TTFT and E2E plus one draw from that
-distribution, ``DRAWS`` times over with a fixed seed; the latency percentiles, means and
-the SLOs' good fraction are read over every draw (``lens.serving_metrics``). A draw is
-scaled by the request's own prefill (its seconds as composed) over the median the tail was
-measured about (``median_s``, kept beside the quantiles as ``prefill_tail_median_s``): the
-spread grows with the prefill. Measured on this host, batch 4, two passes per bucket, the
-residuals' p10 and p90 were -0.5..-0.7 and +0.3..+1.3 ms in bucket 64 (median 6.7-7.1 ms),
--1.8..-4.9 and +3.6..+10.0 ms in buckets 256 and 512 (19.6-52.8 ms): as fractions of the
-median -8..-15% and +5..+27% in every bucket, where in seconds bucket 512's p10 was 7-9 times
-bucket 64's. A draw is added to the request it falls on and does not push the
-requests queued behind it (the composition stays one pass; near the knee, where one slow
-prefill delays the queue, this understates the spread). It applies to every prompt, lone or
-not: slow calls come whatever the device did before, and the idle spells in the measurement
-are a light rate's.
+The prediction (``stretches``, ``lens.serving``): the composition runs again ``replicas(n)``
+times, each request's prefill stretched in every run by one draw from that distribution as a
+fraction of the median the tail was measured about (``median_s``, kept beside the quantiles
+as ``prefill_tail_median_s``): the spread grows with the prefill. Measured on this host,
+batch 4, two passes per bucket, the residuals' p10 and p90 were -0.5..-0.7 and +0.3..+1.3 ms
+in bucket 64 (median 6.7-7.1 ms), -1.8..-4.9 and +3.6..+10.0 ms in buckets 256 and 512
+(19.6-52.8 ms): as fractions of the median -8..-15% and +5..+27% in every bucket, where in
+seconds bucket 512's p10 was 7-9 times bucket 64's. A slow prefill in a run delays what
+queues behind it and stalls the live rows' decode, as it does on a host; the latency
+percentiles, means and the SLOs' good fraction are read over every run's requests
+(``lens.serving_metrics``). Draws are stratified: over its runs each request draws once from
+every ``1/replicas`` of the range, in an order of its own, so no run is all slow. It
+applies to every prompt, lone or not: slow calls come whatever the device did before, and
+the idle spells in the measurement are a light rate's.
+
+Adding a draw to its own request's times instead (one composition, no queue behind it) was
+the reading before; near the knee, where one slow prefill delays the queue, it understated
+the spread (``benchmarks/serving_accuracy.py`` prints both).
 """
 from __future__ import annotations
 
@@ -53,9 +57,11 @@ ROUNDS = 2
 SPELLS = (0.02, 0.06, 0.18, 0.5)
 #: the quantile levels kept: 0, 1/100, ..., 1 (about as fine as the ``ROUNDS * LONE`` residuals are many)
 LEVELS = 101
-#: draws per request when a prediction reads its percentiles over the tail, and their seed
+#: draws per request when a prediction reads its percentiles over the tail (its most runs), and their seed
 DRAWS = 16
 SEED = 20261205
+#: latencies the runs of a prediction hold together, at least: a short workload runs up to ``DRAWS`` times
+SAMPLES = 2000
 #: fewest lone requests (after the ones that did not run alone) the tail is read from
 LEAST = 24
 
@@ -133,12 +139,18 @@ def solve(rounds: Sequence[np.ndarray], *, p: BucketProfile, medians: Sequence[f
     return PrefillTail(tuple(float(v) for v in q), n=int(x.size), median_s=med, bucket=p.bucket)
 
 
+def replicas(n: int) -> int:
+    """How many runs a prediction of ``n`` requests reads the tail over: about ``SAMPLES`` latencies, 1 to ``DRAWS``."""
+    return max(1, min(DRAWS, -(-SAMPLES // max(n, 1))))
+
+
 def draws(prefill_s: np.ndarray, tail: Sequence[float], median_s: float = 0.0, *, n: int = DRAWS,
           seed: int = SEED) -> np.ndarray:
-    """``n`` draws per request from ``tail``'s distribution, seconds to add to its TTFT: shape (requests, n); the
+    """``n`` draws per request from ``tail``'s distribution, seconds to add to its prefill: shape (requests, n); the
     kept quantiles read as steps (a level ``u`` takes the quantile of the level at or below it) at stratified
-    levels (every request gets the whole range), each scaled by the request's ``prefill_s`` over ``median_s``
-    (0: the tail's seconds as they are). No tail: zeros.
+    levels (every request gets the whole range, column ``j`` a stratum of its own order, so no column is all
+    slow), each scaled by the request's ``prefill_s`` over ``median_s`` (0: the tail's seconds as they are). No
+    tail: zeros.
 
     Steps, not a line between levels: a line from the level below the max to the max spreads one slow call over
     a whole level's mass at half its excess, and from a type-7 quantile at 21 levels one stalled call in 96 came
@@ -148,6 +160,16 @@ def draws(prefill_s: np.ndarray, tail: Sequence[float], median_s: float = 0.0, *
     if q.size < 2:
         return np.zeros((pre.size, n))
     rng = np.random.default_rng(seed)
-    u = (np.arange(n)[None, :] + rng.random((pre.size, n))) / n  # one draw in each n-th of the range
+    strata = rng.permuted(np.broadcast_to(np.arange(n), (pre.size, n)), axis=1)
+    u = (strata + rng.random((pre.size, n))) / n  # one draw in each n-th of the range
     scale = pre[:, None] / median_s if median_s > 0 else 1.0
     return q[(u * (q.size - 1)).astype(np.int64)] * scale
+
+
+def stretches(prefill_s: np.ndarray, tail: Sequence[float], median_s: float = 0.0, *, n: int = DRAWS,
+              seed: int = SEED) -> np.ndarray:
+    """``draws`` as fractions of each request's ``prefill_s`` (a prefill of p seconds takes p (1 + s))."""
+    pre = np.asarray(prefill_s, dtype=np.float64)
+    d = draws(pre, tail, median_s, n=n, seed=seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(pre[:, None] > 0, d / pre[:, None], 0.0)

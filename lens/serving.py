@@ -22,6 +22,11 @@ one at its prefill when that is more (a cold host and a large prefill, neither m
 the other: the larger counts). A unit without the busy measurement prices a busy pass at the
 shortest measured spell, and one without spells ``resume_s`` after any pass.
 
+With the unit's measured prefill tail (``lens.prefill_tail``) the machine runs again
+``replicas(n)`` times, each prefill stretched by its own draw from the tail: a slow prefill
+delays the queue behind it and the decode of the live rows, and the latencies are read over
+those runs (``lens.serving_metrics``).
+
 Between two events (an admission, a completion) the live set is fixed and the longest
 context grows by one per step, so a run of k steps costs C(c + k) - C(c) with C the prefix
 sum of TBT over contexts (and the live rows' contexts, a sum that grows by their number per
@@ -33,9 +38,11 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
+from . import prefill_tail
 from .buckets import select_index
 from .busy_resume import after_pass
 from .compose import UnitTable, check_fit
@@ -61,11 +68,11 @@ class ServingPrediction:
     prefill_padding: float
     decode_padding: float
     mode: str = "continuous"
-    #: a lone prompt's TTFT about its median at evenly spaced levels (``lens.prefill_tail``): the latency
-    #: percentiles are read over draws from it (``lens.serving_metrics``); empty: over the times as composed
-    ttft_tail: tuple[float, ...] = ()
-    #: the median it lies about: each request's draws are scaled by its own prefill over it (0: as they are)
-    ttft_tail_median_s: float = 0.0
+    #: each request's first and last token in the runs whose prefills a measured tail stretched, one column per
+    #: run (``lens.prefill_tail``): the latency percentiles are read over them (``lens.serving_metrics``); None
+    #: (no tail): over the times as composed
+    drawn_first_s: np.ndarray | None = None
+    drawn_finish_s: np.ndarray | None = None
 
     @property
     def ttft_s(self) -> np.ndarray:
@@ -105,8 +112,13 @@ def _context_prefix(table: UnitTable, values: np.ndarray) -> np.ndarray:
     return np.cumsum(per)
 
 
-def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Scheduler = Scheduler()) -> ServingPrediction:
-    """Predict ``requests`` (with arrival times) served by continuous batching on ``table``'s unit."""
+def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Scheduler = Scheduler(),
+                    tail: bool = True) -> ServingPrediction:
+    """Predict ``requests`` (with arrival times) served by continuous batching on ``table``'s unit.
+
+    With the unit's measured prefill tail (and ``tail``), the machine also runs ``prefill_tail.replicas(n)``
+    times with every prefill stretched by a draw from it (``drawn_first_s``, ``drawn_finish_s``); the times as
+    composed are the run without."""
     n = len(requests)
     if n == 0:
         raise UserError("the workload has no requests")
@@ -122,17 +134,27 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
     kv, step_s, row_s = table.decode_costs()  # on a paged kernel a step costs what its live rows read
     cum = _context_prefix(table, step_s)
     order = np.argsort(arr, kind="stable")
-    start, first, finish, steps, busy, slot_tokens, calls = _event_loop(
-        arr[order], lin[order], lout[order], ci[order], table.ttft_s, cum,
+    loop = partial(
+        _event_loop, arr[order], lin[order], lout[order], ci[order], table.ttft_s, cum,
         _context_prefix(table, table.tkg_buckets.astype(float)),
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
         batched=table.prefill == "batched", row_s=row_s,
         admit=(table.admit_first_s, table.admit_next_s, table.admit_busy_s), kv=kv,
         resume=curve(table.resume_s, table.resume_idle), busy_resume=table.resume_busy,
     )
+    start, first, finish, steps, busy, slot_tokens, calls = loop()
     out = [np.empty(n) for _ in range(3)]
     for dst, src in zip(out, (start, first, finish)):
         dst[order] = src
+    drawn: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
+    if tail and len(table.prefill_tail) >= 2:
+        runs = prefill_tail.replicas(n)
+        stretch = prefill_tail.stretches(table.ttft_s[ci[order]], table.prefill_tail, table.prefill_tail_median_s,
+                                         n=runs)
+        drawn = (np.empty((n, runs)), np.empty((n, runs)))
+        for j in range(runs):
+            _, f, e, *_ = loop(stretch=stretch[:, j].tolist())
+            drawn[0][order, j], drawn[1][order, j] = f, e
     used_pre = float(lin.sum())
     # a batched call computes every row of its compiled shape; a sequential prefill one prompt
     slots_pre = float(table.ctx_buckets[calls].sum() * table.batch if table.prefill == "batched"
@@ -144,14 +166,14 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         decode_steps=steps, busy_s=busy,
         prefill_padding=1 - used_pre / slots_pre if slots_pre else 0.0,
         decode_padding=1 - useful_dec / slot_tokens if slot_tokens else 0.0,
-        ttft_tail=table.prefill_tail, ttft_tail_median_s=table.prefill_tail_median_s,
+        drawn_first_s=drawn[0], drawn_finish_s=drawn[1],
     )
 
 
 def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
                 row_s: float = 0.0, admit: tuple[float, float, float] = (0.0, 0.0, 0.0), kv: float = 0.0,
                 resume: tuple[list[float], list[float]] = ([0.0], [0.0]),
-                busy_resume: tuple[tuple[float, float], ...] = ()):
+                busy_resume: tuple[tuple[float, float], ...] = (), stretch: list[float] | None = None):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
     ``ci``: each request's context-encoding bucket index; ``ttft``: TTFT_b per bucket (one
@@ -163,7 +185,8 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     probes' reads, and ``row_s`` the host's part of the row cost); ``resume``: (idle spells, seconds) the first decode
     run after a pass costs beyond its steps by the idle spell before the pass (``lens.resume.curve``);
     ``busy_resume``: (a pass's seconds, what it costs) by the pass's largest prefill (``lens.busy_resume``; empty:
-    a busy pass costs the shortest spell's).
+    a busy pass costs the shortest spell's); ``stretch``: per request, the fraction its prefill takes beyond
+    TTFT_b (``lens.prefill_tail``; a batched call takes its first row's).
     Returns per-request admission, first-token and last-token times, the number of decode
     steps, the busy seconds, the KV positions the decode steps computed (for padding) and
     the bucket index of every batched prefill call.
@@ -171,7 +194,8 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     n = len(arr)
     arr_l, lin_l, lout_l, ci_l = arr.tolist(), lin.tolist(), lout.tolist(), ci.tolist()
     ttft_l = ttft.tolist()
-    pre_l = [ttft_l[c] for c in ci_l]
+    grow = stretch if stretch is not None else [0.0] * n
+    pre_l = [ttft_l[c] * (1.0 + x) for c, x in zip(ci_l, grow)]
     calls: list[int] = []
     start, first, finish = [0.0] * n, [0.0] * n, [0.0] * n
     # a request admitted when G decode steps have run has context base + s at global step s
@@ -203,7 +227,8 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 took, qi = list(range(qi, j)), j
                 call = max(ci_l[i] for i in took)
                 calls.append(call)
-                dt = max(ttft_l[call] + admit[0 if spell else 2], 0.0)
+                call_s = ttft_l[call] * (1.0 + grow[took[0]])
+                dt = max(call_s + admit[0 if spell else 2], 0.0)
                 t += dt
                 busy += dt
                 for i in took:
@@ -234,7 +259,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 sb += lin_l[i] - g
             # the decode resumes after this pass (no live row: no decode, and it is dropped below)
             if busy_resume:
-                largest = ttft_l[calls[-1]] if batched else max(pre_l[i] for i in took)
+                largest = call_s if batched else max(pre_l[i] for i in took)
                 by_pass = after_pass(largest + admit[2], busy_resume)
                 pending = max(after_idle(spell, *resume), by_pass) if spell else by_pass
             else:

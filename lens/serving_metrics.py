@@ -12,7 +12,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import prefill_tail
 from .arrivals import mean_rate
 from .metrics import LATENCIES, latency_stats, summarize, tpot_of
 from .types import Requests
@@ -125,22 +124,23 @@ def summarize_serving_prediction(requests: Requests, pred, *, chips: int = 1,
                                  slo: RequestSLO | None = None) -> dict[str, Any]:
     """``summarize_serving`` for a ``lens.serving.ServingPrediction`` of ``requests``.
 
-    With a measured tail of the prompts' TTFT (``pred.ttft_tail``, ``lens.prefill_tail``), the
-    TTFT and E2E means and percentiles, the good fraction and the goodput are read over
-    ``lens.prefill_tail.DRAWS`` draws per request, each scaled by the request's own prefill (TPOT does not move: a request's first and
-    last tokens move together).
+    With a measured tail of the prompts' TTFT (``lens.prefill_tail``), the prediction holds the runs whose
+    prefills it stretched (``pred.drawn_first_s``, ``pred.drawn_finish_s``): the TTFT, TPOT and E2E means and
+    percentiles, the good fraction and the goodput are read over every run's requests. The throughput is the
+    run as composed.
     """
     m = summarize_serving(
         requests, ttft_s=pred.ttft_s, e2e_s=pred.e2e_s, total_s=pred.total_s, chips=chips, slo=slo,
         tpot_s=pred.tpot_s, queue_s=pred.queue_s, prefill_padding=pred.prefill_padding,
         decode_padding=pred.decode_padding,
     )
-    if len(pred.ttft_tail) >= 2 and len(requests):
-        d = prefill_tail.draws(pred.prefill_s, pred.ttft_tail, pred.ttft_tail_median_s)
-        ttft, e2e = pred.ttft_s[:, None] + d, pred.e2e_s[:, None] + d
-        m.update(latency_stats("ttft", ttft.ravel()))
-        m.update(latency_stats("e2e", e2e.ravel()))
-        good = (slo or RequestSLO()).good(ttft_s=ttft, tpot_s=pred.tpot_s[:, None], e2e_s=e2e)
+    if pred.drawn_first_s is not None and len(requests):
+        arr = pred.arrival_s[:, None]
+        ttft, e2e = pred.drawn_first_s - arr, pred.drawn_finish_s - arr
+        tpot = tpot_of(ttft, e2e, pred.output_len[:, None])
+        for kind, x in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
+            m.update(latency_stats(kind, x.ravel()))
+        good = (slo or RequestSLO()).good(ttft_s=ttft, tpot_s=tpot, e2e_s=e2e)
         dur = float(pred.total_s)
         m["request_goodput_req_s"] = float(good.mean(axis=1).sum()) / dur if dur > 0 else math.nan
         m["goodput_req_s_per_chip"] = m["request_goodput_req_s"] / chips

@@ -93,7 +93,7 @@ def test_a_percentile_below_a_riser_reads_the_tail_and_tpot_does_not_move():
     assert b["ttft_p90_s"] > a["ttft_p90_s"] + 0.05
     assert b["ttft_p50_s"] == pytest.approx(1.0)
     assert b["ttft_mean_s"] == pytest.approx(a["ttft_mean_s"] + np.mean(pt.draws(np.zeros(20), tail)), rel=1e-9)
-    assert b["e2e_p90_s"] >= a["e2e_p90_s"] and b["tpot_p90_s"] == a["tpot_p90_s"]
+    assert b["e2e_p90_s"] >= a["e2e_p90_s"] and b["tpot_p90_s"] == pytest.approx(a["tpot_p90_s"], rel=1e-9)
     assert b["request_throughput_req_s"] == a["request_throughput_req_s"]
 
 
@@ -121,7 +121,11 @@ def test_a_longer_prompts_percentile_reads_a_wider_tail_when_the_median_is_known
     # draw twice the seconds, so the max grows and the mean by their share of the tail's mean
     pred = predict_serving(scaled, req)
     assert np.allclose(pred.prefill_s, [1.0] * 18 + [2.0] * 2)
-    assert b["ttft_p99_s"] > a["ttft_p99_s"] + 0.1
+    # (each prompt draws once from the top sixteenth of the levels, a slow one: its max moves by what it draws)
+    flat = predict_serving(plain, req)
+    moved, moved_flat = pred.drawn_first_s - pred.first_s[:, None], flat.drawn_first_s - flat.first_s[:, None]
+    assert np.allclose(moved[:18], moved_flat[:18]) and np.allclose(moved[18:], 2 * moved_flat[18:])
+    assert moved[18:].max(axis=1).min() >= 0.4
     d = pt.draws(np.zeros(20), tail)  # the same levels either way; the two long prompts draw theirs once more
     extra = d[18:].mean() * 2 / 20
     assert b["ttft_mean_s"] == pytest.approx(a["ttft_mean_s"] + extra, rel=1e-6)
@@ -136,5 +140,51 @@ def test_the_unit_table_takes_the_tail_from_its_profiles():
     t = UnitTable.build(Candidate(1, 2, (8, 16), (8, 16)), profiles, policy="exclusive")
     assert t.prefill_tail == tail and t.prefill_tail_median_s == 0.0065
     pred = predict_serving(t, _riser())
-    assert pred.ttft_tail == tail and pred.ttft_tail_median_s == 0.0065
+    assert pred.drawn_first_s.shape == pred.drawn_finish_s.shape == (20, pt.replicas(20))
+    assert predict_serving(t, _riser(), tail=False).drawn_first_s is None
     assert table(batch=2).prefill_tail == () and pt.unit_tail([prof(8)]) == ((), 0.0)
+    assert predict_serving(table(batch=2), _riser()).drawn_first_s is None
+
+
+#: every prefill 50% slower than its median (a tail of one value, measured about a 1 s median)
+SLOW = {"prefill_tail": (0.5, 0.5), "prefill_tail_median_s": 1.0}
+
+
+def test_a_slow_prefill_pushes_back_the_request_queued_behind_it():
+    # one slot, two prompts at once: the second waits for the first to end, so it waits out the first's slow
+    # prefill as well as its own (a draw added to its own times alone would give it +0.5 s, not +1 s)
+    req = Requests(np.array([1, 1]), np.array([3, 3]), np.array([0.0, 0.0]))
+    plain = predict_serving(table(batch=1), req)
+    slow = predict_serving(dataclasses.replace(table(batch=1), **SLOW), req)
+    assert np.allclose(plain.ttft_s, [1.0, 2.2])
+    ttft = slow.drawn_first_s - req.arrival_s[:, None]
+    assert np.allclose(ttft[0], 1.5) and np.allclose(ttft[1], 2.2 + 1.0)
+    m = summarize_serving_prediction(req, slow)
+    assert m["ttft_mean_s"] == pytest.approx((1.5 + 3.2) / 2)
+
+
+def test_a_slow_prefill_stalls_the_decode_of_the_live_rows():
+    # the first request decodes when the second arrives: the second's prefill (1 s, 1.5 s slow) stops its
+    # decode, so its E2E grows by its own prefill's half second and the other's
+    req = Requests(np.array([1, 1]), np.array([12, 2]), np.array([0.0, 2.0]))
+    plain = predict_serving(table(batch=2), req)
+    slow = predict_serving(dataclasses.replace(table(batch=2), **SLOW), req)
+    assert plain.admit_s[1] < plain.finish_s[0]  # it arrived during the first's decode
+    assert np.allclose(slow.drawn_finish_s[0] - plain.finish_s[0], 1.0)
+    tpot = (slow.drawn_finish_s[0] - slow.drawn_first_s[0]) / 11
+    assert np.allclose(tpot, plain.tpot_s[0] + 0.5 / 11)
+    assert summarize_serving_prediction(req, slow)["tpot_p90_s"] > summarize_serving_prediction(req, plain)[
+        "tpot_p90_s"]
+
+
+def test_a_short_workload_runs_the_tail_more_times_and_no_run_is_all_slow():
+    assert pt.replicas(20) == pt.replicas(120) == pt.DRAWS and pt.replicas(10_000) == 1
+    assert 1 < pt.replicas(500) < pt.DRAWS
+    s = pt.stretches(np.ones(200), tuple(np.linspace(-1.0, 1.0, 101)), 1.0, n=pt.DRAWS)
+    # every request draws once from each sixteenth of the range ...
+    lo = np.arange(pt.DRAWS) / pt.DRAWS * 2.0 - 1.0  # each sixteenth's bottom; a level is 0.02 wide
+    ordered = np.sort(s, axis=1)
+    assert ((ordered >= lo - 0.02 - 1e-12) & (ordered < lo + 2.0 / pt.DRAWS)).all()
+    # ... in an order of its own, so each run (a column) holds slow and fast prefills alike
+    assert np.abs(s.mean(axis=0)).max() < 0.2
+    assert np.array_equal(s, pt.stretches(np.ones(200), tuple(np.linspace(-1.0, 1.0, 101)), 1.0, n=pt.DRAWS))
