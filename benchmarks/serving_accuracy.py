@@ -65,7 +65,7 @@ from lens.distributions import sample  # noqa: E402
 from lens.probes import plan_probes, solve  # noqa: E402
 from lens.rows import measured_context  # noqa: E402
 from lens.errors import LensoptError  # noqa: E402
-from lens.serving import predict_serving  # noqa: E402
+from lens.serving import TailRuns, predict_serving  # noqa: E402
 from lens.metrics import tpot_of  # noqa: E402
 from lens.serving_metrics import summarize_serving, summarize_serving_prediction  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
@@ -353,8 +353,8 @@ def added_tail(timed: Requests, table: UnitTable, sched, chips: int) -> dict:
     pred = predict_serving(table, timed, scheduler=sched, tail=False)
     if len(table.prefill_tail) >= 2:
         d = prefill_tail.draws(pred.prefill_s, table.prefill_tail, table.prefill_tail_median_s)
-        pred = dataclasses.replace(pred, drawn_first_s=pred.first_s[:, None] + d,
-                                   drawn_finish_s=pred.finish_s[:, None] + d)
+        pred = dataclasses.replace(pred, tail_runs=TailRuns(np.broadcast_to(pred.admit_s[:, None], d.shape),
+                                                            pred.first_s[:, None] + d, pred.finish_s[:, None] + d))
     return summarize_serving_prediction(timed, pred, chips=chips)
 
 

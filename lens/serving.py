@@ -55,6 +55,16 @@ _EPS = 1e-9
 
 
 @dataclass(frozen=True, eq=False)
+class TailRuns:
+    """Each request's admission, first token and last token in the runs whose prefills a measured tail stretched
+    (``lens.prefill_tail``), one column per run: shape (requests, runs), seconds on the prediction's clock."""
+
+    admit_s: np.ndarray
+    first_s: np.ndarray
+    finish_s: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
 class ServingPrediction:
     """Per-request times of one continuous-batching run (seconds on the run's clock)."""
 
@@ -68,11 +78,9 @@ class ServingPrediction:
     prefill_padding: float
     decode_padding: float
     mode: str = "continuous"
-    #: each request's first and last token in the runs whose prefills a measured tail stretched, one column per
-    #: run (``lens.prefill_tail``): the latency percentiles are read over them (``lens.serving_metrics``); None
-    #: (no tail): over the times as composed
-    drawn_first_s: np.ndarray | None = None
-    drawn_finish_s: np.ndarray | None = None
+    #: the runs whose prefills a measured tail stretched: the latency percentiles are read over them
+    #: (``lens.serving_metrics``); None (no tail): over the times as composed
+    tail_runs: TailRuns | None = None
 
     @property
     def ttft_s(self) -> np.ndarray:
@@ -117,8 +125,8 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
     """Predict ``requests`` (with arrival times) served by continuous batching on ``table``'s unit.
 
     With the unit's measured prefill tail (and ``tail``), the machine also runs ``prefill_tail.replicas(n)``
-    times with every prefill stretched by a draw from it (``drawn_first_s``, ``drawn_finish_s``); the times as
-    composed are the run without."""
+    times with every prefill stretched by a draw from it (``tail_runs``); the times as composed are the run
+    without."""
     n = len(requests)
     if n == 0:
         raise UserError("the workload has no requests")
@@ -146,15 +154,16 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
     out = [np.empty(n) for _ in range(3)]
     for dst, src in zip(out, (start, first, finish)):
         dst[order] = src
-    drawn: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
+    tail_runs = None
     if tail and len(table.prefill_tail) >= 2:
         runs = prefill_tail.replicas(n)
         stretch = prefill_tail.stretches(table.ttft_s[ci[order]], table.prefill_tail, table.prefill_tail_median_s,
                                          n=runs)
-        drawn = (np.empty((n, runs)), np.empty((n, runs)))
+        tail_runs = TailRuns(*(np.empty((n, runs)) for _ in range(3)))
         for j in range(runs):
-            _, f, e, *_ = loop(stretch=stretch[:, j].tolist())
-            drawn[0][order, j], drawn[1][order, j] = f, e
+            times = loop(stretch=stretch[:, j].tolist())[:3]
+            for dst, src in zip((tail_runs.admit_s, tail_runs.first_s, tail_runs.finish_s), times):
+                dst[order, j] = src
     used_pre = float(lin.sum())
     # a batched call computes every row of its compiled shape; a sequential prefill one prompt
     slots_pre = float(table.ctx_buckets[calls].sum() * table.batch if table.prefill == "batched"
@@ -166,7 +175,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         decode_steps=steps, busy_s=busy,
         prefill_padding=1 - used_pre / slots_pre if slots_pre else 0.0,
         decode_padding=1 - useful_dec / slot_tokens if slot_tokens else 0.0,
-        drawn_first_s=drawn[0], drawn_finish_s=drawn[1],
+        tail_runs=tail_runs,
     )
 
 

@@ -125,21 +125,24 @@ def summarize_serving_prediction(requests: Requests, pred, *, chips: int = 1,
     """``summarize_serving`` for a ``lens.serving.ServingPrediction`` of ``requests``.
 
     With a measured tail of the prompts' TTFT (``lens.prefill_tail``), the prediction holds the runs whose
-    prefills it stretched (``pred.drawn_first_s``, ``pred.drawn_finish_s``): the TTFT, TPOT and E2E means and
-    percentiles, the good fraction and the goodput are read over every run's requests. The throughput is the
-    run as composed.
+    prefills it stretched (``pred.tail_runs``): the TTFT, TPOT and E2E means and percentiles, the queueing, the
+    good fraction and the goodput are read over every run's requests. The throughput and the queue's growth are
+    the run as composed.
     """
     m = summarize_serving(
         requests, ttft_s=pred.ttft_s, e2e_s=pred.e2e_s, total_s=pred.total_s, chips=chips, slo=slo,
         tpot_s=pred.tpot_s, queue_s=pred.queue_s, prefill_padding=pred.prefill_padding,
         decode_padding=pred.decode_padding,
     )
-    if pred.drawn_first_s is not None and len(requests):
+    runs = pred.tail_runs
+    if runs is not None and len(requests):
         arr = pred.arrival_s[:, None]
-        ttft, e2e = pred.drawn_first_s - arr, pred.drawn_finish_s - arr
+        ttft, e2e, queue = runs.first_s - arr, runs.finish_s - arr, runs.admit_s - arr
         tpot = tpot_of(ttft, e2e, pred.output_len[:, None])
         for kind, x in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
             m.update(latency_stats(kind, x.ravel()))
+        m["queue_mean_s"] = float(queue.mean())
+        m["queue_p90_s"] = float(np.percentile(queue, 90))
         good = (slo or RequestSLO()).good(ttft_s=ttft, tpot_s=tpot, e2e_s=e2e)
         dur = float(pred.total_s)
         m["request_goodput_req_s"] = float(good.mean(axis=1).sum()) / dur if dur > 0 else math.nan

@@ -295,7 +295,17 @@ class Evaluator:
 
 
 def _nbytes(e: Evaluation) -> int:
-    """Bytes of an evaluation's per-request arrays (a static or a serving prediction)."""
-    p = e.prediction
-    return 0 if p is None else sum(getattr(p, f.name).nbytes for f in dataclasses.fields(p)
-                                   if isinstance(getattr(p, f.name), np.ndarray))
+    """Bytes of an evaluation's per-request arrays (a static or a serving prediction, its tail's runs too)."""
+    return 0 if e.prediction is None else _array_bytes(e.prediction)
+
+
+def _array_bytes(record) -> int:
+    """Bytes of the arrays a record holds, in its own fields and in the records among them."""
+    total = 0
+    for f in dataclasses.fields(record):
+        v = getattr(record, f.name)
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            total += _array_bytes(v)
+    return total

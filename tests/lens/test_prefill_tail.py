@@ -123,7 +123,7 @@ def test_a_longer_prompts_percentile_reads_a_wider_tail_when_the_median_is_known
     assert np.allclose(pred.prefill_s, [1.0] * 18 + [2.0] * 2)
     # (each prompt draws once from the top sixteenth of the levels, a slow one: its max moves by what it draws)
     flat = predict_serving(plain, req)
-    moved, moved_flat = pred.drawn_first_s - pred.first_s[:, None], flat.drawn_first_s - flat.first_s[:, None]
+    moved, moved_flat = pred.tail_runs.first_s - pred.first_s[:, None], flat.tail_runs.first_s - flat.first_s[:, None]
     assert np.allclose(moved[:18], moved_flat[:18]) and np.allclose(moved[18:], 2 * moved_flat[18:])
     assert moved[18:].max(axis=1).min() >= 0.4
     d = pt.draws(np.zeros(20), tail)  # the same levels either way; the two long prompts draw theirs once more
@@ -140,10 +140,10 @@ def test_the_unit_table_takes_the_tail_from_its_profiles():
     t = UnitTable.build(Candidate(1, 2, (8, 16), (8, 16)), profiles, policy="exclusive")
     assert t.prefill_tail == tail and t.prefill_tail_median_s == 0.0065
     pred = predict_serving(t, _riser())
-    assert pred.drawn_first_s.shape == pred.drawn_finish_s.shape == (20, pt.replicas(20))
-    assert predict_serving(t, _riser(), tail=False).drawn_first_s is None
+    assert pred.tail_runs.first_s.shape == pred.tail_runs.finish_s.shape == (20, pt.replicas(20))
+    assert predict_serving(t, _riser(), tail=False).tail_runs is None
     assert table(batch=2).prefill_tail == () and pt.unit_tail([prof(8)]) == ((), 0.0)
-    assert predict_serving(table(batch=2), _riser()).drawn_first_s is None
+    assert predict_serving(table(batch=2), _riser()).tail_runs is None
 
 
 #: every prefill 50% slower than its median (a tail of one value, measured about a 1 s median)
@@ -157,10 +157,13 @@ def test_a_slow_prefill_pushes_back_the_request_queued_behind_it():
     plain = predict_serving(table(batch=1), req)
     slow = predict_serving(dataclasses.replace(table(batch=1), **SLOW), req)
     assert np.allclose(plain.ttft_s, [1.0, 2.2])
-    ttft = slow.drawn_first_s - req.arrival_s[:, None]
+    ttft = slow.tail_runs.first_s - req.arrival_s[:, None]
     assert np.allclose(ttft[0], 1.5) and np.allclose(ttft[1], 2.2 + 1.0)
     m = summarize_serving_prediction(req, slow)
     assert m["ttft_mean_s"] == pytest.approx((1.5 + 3.2) / 2)
+    # its wait in the queue is read over the same runs: the first's slow prefill and its two steps
+    assert np.allclose(slow.tail_runs.admit_s[1], 1.7) and m["queue_mean_s"] == pytest.approx(1.7 / 2)
+    assert summarize_serving_prediction(req, plain)["queue_mean_s"] == pytest.approx(1.2 / 2)
 
 
 def test_a_slow_prefill_stalls_the_decode_of_the_live_rows():
@@ -170,8 +173,8 @@ def test_a_slow_prefill_stalls_the_decode_of_the_live_rows():
     plain = predict_serving(table(batch=2), req)
     slow = predict_serving(dataclasses.replace(table(batch=2), **SLOW), req)
     assert plain.admit_s[1] < plain.finish_s[0]  # it arrived during the first's decode
-    assert np.allclose(slow.drawn_finish_s[0] - plain.finish_s[0], 1.0)
-    tpot = (slow.drawn_finish_s[0] - slow.drawn_first_s[0]) / 11
+    assert np.allclose(slow.tail_runs.finish_s[0] - plain.finish_s[0], 1.0)
+    tpot = (slow.tail_runs.finish_s[0] - slow.tail_runs.first_s[0]) / 11
     assert np.allclose(tpot, plain.tpot_s[0] + 0.5 / 11)
     assert summarize_serving_prediction(req, slow)["tpot_p90_s"] > summarize_serving_prediction(req, plain)[
         "tpot_p90_s"]

@@ -99,3 +99,26 @@ def test_profile_json_of_a_served_target_gives_the_busy_pass_resume_per_level(tm
     assert tail["quantiles_s"] == sorted(tail["quantiles_s"]) and tail["median_s"] > 0
     assert all(p["prefill_tail"] == tail["quantiles_s"] and p["prefill_tail_median_s"] == tail["median_s"]
                for p in out["profiles"].values())
+
+
+def test_the_prediction_memo_counts_the_tail_runs_a_serving_prediction_holds():
+    import numpy as np
+
+    from lens.compose import UnitTable
+    from lens.serving import predict_serving
+    from lens.types import BucketProfile, Candidate, Requests
+    from search.evaluate import Evaluation, _nbytes
+
+    def unit(tail):
+        profiles = {b: BucketProfile(bucket=b, ttft_s=0.01 * b, tbt_s=0.001 * b, input_len=1, l1=1, l2=2, t1_s=0,
+                                     t2_s=0, repeats=1, spread=0, prefill_tail=tail, prefill_tail_median_s=0.08)
+                    for b in (8, 16)}
+        return UnitTable.build(Candidate(1, 2, (8, 16), (8, 16)), profiles, policy="exclusive")
+
+    req = Requests(np.ones(20, np.int64), np.full(20, 3), np.arange(20) * 10.0)
+    plain, tailed = predict_serving(unit(()), req), predict_serving(unit((0.0, 0.01)), req)
+    c = Candidate(1, 2, (8, 16), (8, 16))
+    runs = tailed.tail_runs
+    assert runs is not None and plain.tail_runs is None
+    assert _nbytes(Evaluation(c, prediction=tailed)) == _nbytes(Evaluation(c, prediction=plain)) + sum(
+        a.nbytes for a in (runs.admit_s, runs.first_s, runs.finish_s)) > _nbytes(Evaluation(c, prediction=plain))
