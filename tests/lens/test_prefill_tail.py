@@ -180,6 +180,15 @@ def test_a_slow_prefill_stalls_the_decode_of_the_live_rows():
         "tpot_p90_s"]
 
 
+def test_a_batched_prefill_call_is_stretched_once_for_all_its_rows():
+    # two prompts at once into one batched call of bucket 16 (the longer prompt's, 2 s): slow, it takes 3 s, and
+    # both first tokens come at its end (not 1.5 x the sum of the rows' prefills)
+    req = Requests(np.array([1, 9]), np.array([2, 2]), np.array([0.0, 0.0]))
+    plain = predict_serving(table(batch=2, prefill="batched"), req)
+    slow = predict_serving(dataclasses.replace(table(batch=2, prefill="batched"), **SLOW), req)
+    assert np.allclose(plain.ttft_s, 2.0) and np.allclose(slow.tail_runs.first_s, 3.0)
+
+
 def test_a_short_workload_runs_the_tail_more_times_and_no_run_is_all_slow():
     assert pt.replicas(20) == pt.replicas(120) == pt.DRAWS and pt.replicas(10_000) == 1
     assert 1 < pt.replicas(500) < pt.DRAWS
