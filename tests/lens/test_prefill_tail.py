@@ -191,7 +191,9 @@ def test_a_batched_prefill_call_is_stretched_once_for_all_its_rows():
 
 def test_a_short_workload_runs_the_tail_more_times_and_no_run_is_all_slow():
     assert pt.replicas(20) == pt.replicas(120) == pt.DRAWS and pt.replicas(10_000) == 1
-    assert 1 < pt.replicas(500) < pt.DRAWS
+    # between the caps, the runs hold at least SAMPLES latencies, and one run fewer would not
+    between = [n for n in range(1, 5000, 7) if 1 < pt.replicas(n) < pt.DRAWS]
+    assert between and all(pt.replicas(n) * n >= pt.SAMPLES > (pt.replicas(n) - 1) * n for n in between)
     s = pt.stretches(np.ones(200), tuple(np.linspace(-1.0, 1.0, 101)), 1.0, n=pt.DRAWS)
     # every request draws once from each sixteenth of the range ...
     lo = np.arange(pt.DRAWS) / pt.DRAWS * 2.0 - 1.0  # each sixteenth's bottom; a level is 0.02 wide
