@@ -280,6 +280,13 @@ class BucketProfile:
     #: the lone prompts' median TTFT the tail lies about (seconds): a prompt's own prefill over it scales its draws
     #: (a prefill's spread grows with its length); 0: the tail's seconds are read as they are, whatever the prompt
     prefill_tail_median_s: float = 0.0
+    #: a lone served decode's seconds over the mean of its kind, less one, at the quantile levels 0, 1/(n-1), ... 1,
+    #: non-decreasing (lens.decode_pace; empty: every decode step takes the time the profile composes)
+    decode_pace: tuple[float, ...] = ()
+    #: the seconds of decode each of those averages the pace over, and how fast the pace forgets (seconds in
+    #: exp(-lag / tau); 0: no correlation seen)
+    decode_pace_window_s: float = 0.0
+    decode_pace_tau_s: float = 0.0
 
     @property
     def rel_err(self) -> float:

@@ -49,7 +49,9 @@ def fill_added(row: Mapping[str, Any], prefill: str = PREFILLS[0]) -> dict[str, 
             # schema 11: every prefill took its composed time (no quantiles about the median)
             "prefill_tail": "[]",
             # schema 12: a tail's seconds read as they are, whatever the prompt
-            "prefill_tail_median_s": 0.0}
+            "prefill_tail_median_s": 0.0,
+            # schema 13: every decode step took its composed time (no wander of the pace)
+            "decode_pace": "[]", "decode_pace_window_s": 0.0, "decode_pace_tau_s": 0.0}
 
 
 def spreads_from_raw(con: sqlite3.Connection) -> None:

@@ -157,7 +157,7 @@ def _pairs_json(v: Any, *, text: bool, key: str) -> str:
     return json.dumps(out)
 
 
-#: the most quantile levels a ``prefill_tail`` keeps (0, 0.001, ..., 1)
+#: the most quantile levels a ``prefill_tail`` or ``decode_pace`` keeps (0, 0.001, ..., 1)
 MAX_TAIL_QUANTILES = 1001
 
 
@@ -179,6 +179,15 @@ def _quantiles_json(v: Any, *, text: bool) -> str:
             raise BadValue(f"element {x!r}: the quantiles must not decrease")
         out.append(q)
     return json.dumps(out)
+
+
+def _pace_json(v: Any, *, text: bool) -> str:
+    """``_quantiles_json`` of fractions of a mean, each over -1 (a decode that takes no time is not a pace)."""
+    out = _quantiles_json(v, text=text)
+    q = json.loads(out)
+    if q and q[0] <= -1.0:
+        raise BadValue(f"element {q[0]!r}: a pace is a fraction of the mean over -1")
+    return out
 
 
 def _source(v: Any) -> str:
@@ -218,6 +227,8 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "resume_busy": lambda v: _pairs_json(v, text=text, key="pass seconds"),  # (lens.busy_resume)
         "prefill_tail": lambda v: _quantiles_json(v, text=text),  # (lens.prefill_tail)
         "prefill_tail_median_s": f,  # the median it lies about (0: its seconds read as they are)
+        "decode_pace": lambda v: _pace_json(v, text=text),  # fractions of the mean (lens.decode_pace)
+        "decode_pace_window_s": f, "decode_pace_tau_s": f,  # seconds (0: none measured; no correlation seen)
     }
 
 
@@ -256,6 +267,8 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "kv_token_s": p.kv_token_s, "row_context": p.row_context, "resume_s": p.resume_s,
         "admit_busy_s": p.admit_busy_s, "resume_idle": p.resume_idle, "resume_busy": p.resume_busy,
         "prefill_tail": p.prefill_tail, "prefill_tail_median_s": p.prefill_tail_median_s,
+        "decode_pace": p.decode_pace, "decode_pace_window_s": p.decode_pace_window_s,
+        "decode_pace_tau_s": p.decode_pace_tau_s,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -287,6 +300,8 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         resume_busy=tuple((float(x), float(c)) for x, c in json.loads(r["resume_busy"])),
         prefill_tail=tuple(float(x) for x in json.loads(r["prefill_tail"])),
         prefill_tail_median_s=float(r["prefill_tail_median_s"]),
+        decode_pace=tuple(float(x) for x in json.loads(r["decode_pace"])),
+        decode_pace_window_s=float(r["decode_pace_window_s"]), decode_pace_tau_s=float(r["decode_pace_tau_s"]),
     )
 
 

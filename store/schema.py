@@ -42,6 +42,11 @@ A file of an older schema is brought to :data:`SCHEMA_VERSION` on open by the st
 - schema 12: the median the tail lies about (``prefill_tail_median_s``: each prompt's draws
   are scaled by its own prefill over it); older profiles get 0 (their tail's seconds are read
   as they are, whatever the prompt, as they were composed).
+- schema 13: how a lone served decode's pace wanders (``decode_pace``, a JSON list of its
+  seconds over its call's mean less one, non-decreasing; ``decode_pace_window_s``, the
+  decode seconds each averages over; ``decode_pace_tau_s``, how fast the pace forgets,
+  ``lens.decode_pace``); older profiles get an empty list and 0 (every decode step takes its
+  composed time, as they were composed).
 """
 from __future__ import annotations
 
@@ -52,7 +57,7 @@ from typing import Callable
 #: "LENS" in ASCII: marks an SQLite file as a lensopt profile cache
 APPLICATION_ID = 0x4C454E53
 #: the schema this code reads and writes (``PRAGMA user_version``)
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 #: the first 16 bytes of every SQLite database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -69,23 +74,25 @@ PROFILE_COLUMNS = (
     "t1_s", "t2_s", "raw_t1", "raw_t2", "repeats", "spread", "runner", "host",
     "measured_at", "simulated", "source", "ttft_err_s", "tbt_err_s", "excess", "accepted", "row_s",
     "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s",
-    "resume_idle", "resume_busy", "prefill_tail", "prefill_tail_median_s",
+    "resume_idle", "resume_busy", "prefill_tail", "prefill_tail_median_s", "decode_pace", "decode_pace_window_s",
+    "decode_pace_tau_s",
 )
 #: the columns each schema version added at the end of ``profiles`` (its migration adds them)
 ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted"), 4: ("row_s",),
                          5: ("admit_first_s", "admit_next_s"), 6: ("kv_token_s", "row_context"),
                          7: ("resume_s",), 8: ("admit_busy_s",), 9: ("resume_idle",),
                          10: ("resume_busy",), 11: ("prefill_tail",),
-                         12: ("prefill_tail_median_s",)}
+                         12: ("prefill_tail_median_s",),
+                         13: ("decode_pace", "decode_pace_window_s", "decode_pace_tau_s")}
 #: the primary key of a profile: the first columns of :data:`PROFILE_COLUMNS`
 PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
 #: integer and real columns of ``profiles``; ``simulated`` is 0/1, the rest text
 #: (``raw_t1``/``raw_t2`` are JSON lists of seconds, ``resume_idle`` and ``resume_busy`` lists of [seconds, seconds] pairs,
-#: ``prefill_tail`` one of seconds of either sign)
+#: ``prefill_tail`` one of seconds of either sign, ``decode_pace`` one of fractions of either sign)
 INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats")
 FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at", "ttft_err_s", "tbt_err_s", "excess",
                  "row_s", "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s",
-                 "prefill_tail_median_s")
+                 "prefill_tail_median_s", "decode_pace_window_s", "decode_pace_tau_s")
 #: 0/1 columns
 BOOL_COLUMNS = ("simulated", "accepted")
 CLAIM_COLUMNS = ("fingerprint", "tp", "batch", "buckets", "owner", "claimed_at", "expires_at")
@@ -146,6 +153,9 @@ CREATE TABLE profiles (
     resume_busy TEXT    NOT NULL DEFAULT '[]',
     prefill_tail TEXT   NOT NULL DEFAULT '[]',
     prefill_tail_median_s REAL NOT NULL DEFAULT 0,
+    decode_pace TEXT    NOT NULL DEFAULT '[]',
+    decode_pace_window_s REAL NOT NULL DEFAULT 0,
+    decode_pace_tau_s REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (fingerprint, tp, batch, bucket)
 );
 """
@@ -192,6 +202,9 @@ MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = 
     10: ("ALTER TABLE profiles ADD COLUMN resume_busy TEXT NOT NULL DEFAULT '[]'",),
     11: ("ALTER TABLE profiles ADD COLUMN prefill_tail TEXT NOT NULL DEFAULT '[]'",),
     12: ("ALTER TABLE profiles ADD COLUMN prefill_tail_median_s REAL NOT NULL DEFAULT 0",),
+    13: ("ALTER TABLE profiles ADD COLUMN decode_pace TEXT NOT NULL DEFAULT '[]'",
+         "ALTER TABLE profiles ADD COLUMN decode_pace_window_s REAL NOT NULL DEFAULT 0",
+         "ALTER TABLE profiles ADD COLUMN decode_pace_tau_s REAL NOT NULL DEFAULT 0"),
 }
 #: the oldest schema a cache may have and still be opened (brought up to date)
 OLDEST_VERSION = 1

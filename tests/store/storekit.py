@@ -42,6 +42,7 @@ def profile(bucket: int, **kw) -> BucketProfile:
         raw_t1=(0.12, 0.123456789012345, 0.13), raw_t2=(0.98, 0.99, 1e-9), source="simulated",
         resume_s=0.005, resume_idle=((0.004, 0.001), (0.1, 0.005)), resume_busy=((0.005, 0.001), (0.04, 0.008)),
         prefill_tail=(-0.001, 0.0, 0.0005, 0.004), prefill_tail_median_s=0.0065,
+        decode_pace=(-0.15, -0.02, 0.0, 0.125, 0.5), decode_pace_window_s=0.0875, decode_pace_tau_s=0.25,
     )
     base.update(kw)
     return BucketProfile(**base)

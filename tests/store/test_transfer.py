@@ -71,6 +71,10 @@ def _exported_csv(tmp_path, cache) -> pd.DataFrame:
     ("prefill_tail", "{\"p50\": 0.0}", "not a JSON list"),
     ("prefill_tail", json.dumps([0.0] * 1002), "at most 1001"),
     ("prefill_tail_median_s", "-0.006", "negative"),
+    ("decode_pace", "[-1.0, 0.2]", "over -1"),
+    ("decode_pace", "[0.1, -0.1]", "the quantiles must not decrease"),
+    ("decode_pace_window_s", "-0.08", "negative"),
+    ("decode_pace_tau_s", "inf", "not finite"),
 ])
 def test_import_bad_value_names_row_and_column(tmp_path, cache, column, value, problem):
     df = _exported_csv(tmp_path, cache)
