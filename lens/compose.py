@@ -37,6 +37,7 @@ from .admission import unit_admission
 from .buckets import bucket_ranges, select_index, validate_buckets
 from .context_cost import host_row_s, reference_context, unit_context_cost, unread_tbt_s
 from .errors import MissingProfiles, UserError
+from .decode_pace import unit_pace
 from .prefill_tail import unit_tail
 from .resume import unit_by_idle, unit_by_pass, unit_resume
 from .rows import unit_row_s
@@ -92,6 +93,12 @@ class UnitTable:
     prefill_tail: tuple[float, ...] = ()
     #: the median the tail lies about (``lens.prefill_tail``; 0: the tail in seconds, whatever the prompt)
     prefill_tail_median_s: float = 0.0
+    #: a lone served decode's seconds over its call's mean, less one, at evenly spaced quantile levels, the window
+    #: each one averages the pace over, and how fast the pace forgets (``lens.decode_pace``; empty: every decode
+    #: step at its composed time)
+    decode_pace: tuple[float, ...] = ()
+    decode_pace_window_s: float = 0.0
+    decode_pace_tau_s: float = 0.0
 
     @classmethod
     def build(
@@ -112,6 +119,7 @@ class UnitTable:
         used = [profiles[b] for b in sorted(set(ctx + tkg))]
         admit = unit_admission([profiles[b] for b in ctx])
         tail = unit_tail([profiles[b] for b in ctx])
+        pace = unit_pace([profiles[b] for b in tkg])
         kv, row_context = unit_context_cost([profiles[b] for b in tkg])
         return cls(
             batch=candidate.batch,
@@ -138,6 +146,9 @@ class UnitTable:
             resume_busy=unit_by_pass([profiles[b] for b in tkg]),
             prefill_tail=tail[0],
             prefill_tail_median_s=tail[1],
+            decode_pace=pace[0],
+            decode_pace_window_s=pace[1],
+            decode_pace_tau_s=pace[2],
         )
 
     def shifted(self, sigmas: float) -> "UnitTable":

@@ -22,10 +22,12 @@ one at its prefill when that is more (a cold host and a large prefill, neither m
 the other: the larger counts). A unit without the busy measurement prices a busy pass at the
 shortest measured spell, and one without spells ``resume_s`` after any pass.
 
-With the unit's measured prefill tail (``lens.prefill_tail``) the machine runs again
-``replicas(n)`` times, each prefill stretched by its own draw from the tail: a slow prefill
-delays the queue behind it and the decode of the live rows, and the latencies are read over
-those runs (``lens.serving_metrics``).
+With the unit's measured prefill tail (``lens.prefill_tail``) or decode pace
+(``lens.decode_pace``) the machine runs again ``replicas(n)`` times, each prefill stretched by
+its own draw from the tail and every decode run taking the wall time its run's pace path
+gives it: a slow prefill delays the queue behind it and the decode of the live rows, a slow
+spell of the host every row decoding in it, and the latencies are read over those runs
+(``lens.serving_metrics``).
 
 Between two events (an admission, a completion) the live set is fixed and the longest
 context grows by one per step, so a run of k steps costs C(c + k) - C(c) with C the prefix
@@ -42,10 +44,11 @@ from functools import partial
 
 import numpy as np
 
-from . import prefill_tail
+from . import decode_pace, prefill_tail
 from .buckets import select_index
 from .busy_resume import after_pass
 from .compose import UnitTable, check_fit
+from .decode_pace import Pace
 from .errors import UserError
 from .resume import after_idle, curve
 from .types import Requests, Scheduler
@@ -57,7 +60,8 @@ _EPS = 1e-9
 @dataclass(frozen=True, eq=False)
 class TailRuns:
     """Each request's admission, first token and last token in the runs whose prefills a measured tail stretched
-    (``lens.prefill_tail``), one column per run: shape (requests, runs), seconds on the prediction's clock."""
+    (``lens.prefill_tail``) and whose decode a measured pace wandered (``lens.decode_pace``), one column per run:
+    shape (requests, runs), seconds on the prediction's clock."""
 
     admit_s: np.ndarray
     first_s: np.ndarray
@@ -78,8 +82,8 @@ class ServingPrediction:
     prefill_padding: float
     decode_padding: float
     mode: str = "continuous"
-    #: the runs whose prefills a measured tail stretched: the latency percentiles are read over them
-    #: (``lens.serving_metrics``); None (no tail): over the times as composed
+    #: the runs with the measured prefill tail and decode pace: the latency percentiles are read over them
+    #: (``lens.serving_metrics``); None (neither measured): over the times as composed
     tail_runs: TailRuns | None = None
 
     @property
@@ -124,9 +128,9 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
                     tail: bool = True) -> ServingPrediction:
     """Predict ``requests`` (with arrival times) served by continuous batching on ``table``'s unit.
 
-    With the unit's measured prefill tail (and ``tail``), the machine also runs ``prefill_tail.replicas(n)``
-    times with every prefill stretched by a draw from it (``tail_runs``); the times as composed are the run
-    without."""
+    With the unit's measured prefill tail or decode pace (and ``tail``), the machine also runs
+    ``prefill_tail.replicas(n)`` times with every prefill stretched by a draw from the tail and the decode along a
+    path of the pace (``tail_runs``); the times as composed are the run without."""
     n = len(requests)
     if n == 0:
         raise UserError("the workload has no requests")
@@ -155,13 +159,18 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
     for dst, src in zip(out, (start, first, finish)):
         dst[order] = src
     tail_runs = None
-    if tail and len(table.prefill_tail) >= 2:
+    stretched, paced = len(table.prefill_tail) >= 2, len(table.decode_pace) >= 2
+    if tail and (stretched or paced):
         runs = prefill_tail.replicas(n)
         stretch = prefill_tail.stretches(table.ttft_s[ci[order]], table.prefill_tail, table.prefill_tail_median_s,
-                                         n=runs)
+                                         n=runs) if stretched else None
+        # the paths reach past the composed run's end: a slow spell pushes it back (and past their end, they repeat)
+        paths = decode_pace.paths(table.decode_pace, table.decode_pace_window_s, table.decode_pace_tau_s,
+                                  2.0 * float(out[2].max()) + 1.0, runs) if paced else []
         tail_runs = TailRuns(*(np.empty((n, runs)) for _ in range(3)))
         for j in range(runs):
-            times = loop(stretch=stretch[:, j].tolist())[:3]
+            times = loop(stretch=None if stretch is None else stretch[:, j].tolist(),
+                         pace=paths[j] if paths else None)[:3]
             for dst, src in zip((tail_runs.admit_s, tail_runs.first_s, tail_runs.finish_s), times):
                 dst[order, j] = src
     used_pre = float(lin.sum())
@@ -182,7 +191,8 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
 def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
                 row_s: float = 0.0, admit: tuple[float, float, float] = (0.0, 0.0, 0.0), kv: float = 0.0,
                 resume: tuple[list[float], list[float]] = ([0.0], [0.0]),
-                busy_resume: tuple[tuple[float, float], ...] = (), stretch: list[float] | None = None):
+                busy_resume: tuple[tuple[float, float], ...] = (), stretch: list[float] | None = None,
+                pace: Pace | None = None):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
     ``ci``: each request's context-encoding bucket index; ``ttft``: TTFT_b per bucket (one
@@ -195,7 +205,9 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     run after a pass costs beyond its steps by the idle spell before the pass (``lens.resume.curve``);
     ``busy_resume``: (a pass's seconds, what it costs) by the pass's largest prefill (``lens.busy_resume``; empty:
     a busy pass costs the shortest spell's); ``stretch``: per request, the fraction its prefill takes beyond
-    TTFT_b (``lens.prefill_tail``; a batched call takes its first row's).
+    TTFT_b (``lens.prefill_tail``; a batched call takes its first row's); ``pace``: the device's pace over the
+    run's clock: a decode run (its resume cost included) takes the wall time in which the path does its composed
+    seconds (``lens.decode_pace``).
     Returns per-request admission, first-token and last-token times, the number of decode
     steps, the busy seconds, the KV positions the decode steps computed (for padding) and
     the bucket index of every batched prefill call.
@@ -286,8 +298,10 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
             heapq.heappop(bases)
         c = g - bases[0][0]  # longest live context after g steps (the next step has c + 1)
         k = ends[0][0] - g  # steps until the next completion
+        w0 = pace.work(t) if pace is not None else 0.0  # the composed seconds a paced device has done by now
         if free and qi < n:  # a free slot: the next admission is an event too
-            wait = arr_l[qi] - t - pending
+            # composed seconds until the arrival (a paced device does them in its own wall time)
+            wait = (arr_l[qi] - t if pace is None else pace.work(arr_l[qi]) - w0) - pending
             if wait <= _EPS:
                 k = 1
             elif kv:  # the steps' cost grows with their contexts: the fewest steps that reach the arrival
@@ -305,6 +319,8 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 x = int(searchsorted(cum, cum[c] + wait, side="left"))
                 k = max(1, min(k, x - c))
         dt = (run_s(c, k, g, free, nlive, sb) if kv else float(cum[c + k] - cum[c]) - k * free * row_s) + pending
+        if pace is not None:
+            dt = pace.wall(w0 + dt) - t
         pending = 0.0
         t += dt
         busy += dt

@@ -124,8 +124,8 @@ def summarize_serving_prediction(requests: Requests, pred, *, chips: int = 1,
                                  slo: RequestSLO | None = None) -> dict[str, Any]:
     """``summarize_serving`` for a ``lens.serving.ServingPrediction`` of ``requests``.
 
-    With a measured tail of the prompts' TTFT (``lens.prefill_tail``), the prediction holds the runs whose
-    prefills it stretched (``pred.tail_runs``): the TTFT, TPOT and E2E means and percentiles, the queueing, the
+    With a measured tail of the prompts' TTFT (``lens.prefill_tail``) or wander of the decode's pace
+    (``lens.decode_pace``), the prediction holds the runs that drew them (``pred.tail_runs``): the TTFT, TPOT and E2E means and percentiles, the queueing, the
     good fraction and the goodput are read over every run's requests. The throughput and the queue's growth are
     the run as composed.
     """
