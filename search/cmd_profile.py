@@ -115,7 +115,10 @@ def cmd_profile(args) -> int:
                                   "resume_idle": [list(x) for x in p.resume_idle],
                                   "resume_busy": [list(x) for x in p.resume_busy],
                                   "prefill_tail": list(p.prefill_tail),
-                                  "prefill_tail_median_s": p.prefill_tail_median_s}
+                                  "prefill_tail_median_s": p.prefill_tail_median_s,
+                                  "decode_pace": list(p.decode_pace),
+                                  "decode_pace_window_s": p.decode_pace_window_s,
+                                  "decode_pace_tau_s": p.decode_pace_tau_s}
                          for b, p in profiles.items()},
             "row_cost": None if out.rows is None else {
                 "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,
@@ -146,6 +149,10 @@ def cmd_profile(args) -> int:
             "prefill_tail": None if out.tail is None else {
                 "quantiles_s": list(out.tail.quantiles), "requests": out.tail.n, "median_s": out.tail.median_s,
                 "bucket": out.tail.bucket, "note": out.tail.note, "run_s": out.tail_s},
+            "decode_pace": None if out.pace is None else {
+                "quantiles": list(out.pace.quantiles), "window_s": out.pace.window_s, "tau_s": out.pace.tau_s,
+                "requests": out.pace.n, "rho": out.pace.rho, "spacing_s": out.pace.spacing_s,
+                "bucket": out.pace.bucket, "note": out.pace.note, "run_s": out.pace_s},
             "noisy": {str(b): why for b, why in out.noisy.items()},
             "notes": {str(b): why for b, why in out.notes.items()},
         })
@@ -177,6 +184,8 @@ def cmd_profile(args) -> int:
         print(f"resuming the decode {out.busy_resume.said()} ({out.busy_resume_s:.2f} s of runs{sim})")
     if out.tail is not None:
         print(f"{out.tail.said()} ({out.tail_s:.2f} s of runs{sim})")
+    if out.pace is not None:
+        print(f"{out.pace.said()} ({out.pace_s:.2f} s of runs{sim})")
     for b, why in sorted(out.notes.items()):
         print(f"bucket {b}: {why}")
     for why in out.noisy.values():

@@ -40,6 +40,7 @@ from lens.context_cost import unit_context_cost
 from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Reference, action, drift_of,
                         reference_probe)
 from lens.errors import one_line
+from lens.decode_pace import unit_pace
 from lens.prefill_tail import unit_tail
 from lens.probes import BucketFit, NoisyMeasurement, assess, fit, plan_probes, to_profile
 from lens.resume import unit_by_idle, unit_by_pass, unit_resume
@@ -87,6 +88,10 @@ class DriftCheck:
     resume_busy: tuple[tuple[float, float], ...] = ()
     prefill_tail: tuple[float, ...] = ()
     prefill_tail_median_s: float = 0.0
+    #: how a lone served decode's pace wanders (``lens.decode_pace``): the rounds run static probes only
+    decode_pace: tuple[float, ...] = ()
+    decode_pace_window_s: float = 0.0
+    decode_pace_tau_s: float = 0.0
     #: a served pass's first prompt when it stops a running decode (``lens.admission``), carried over as the others
     admit_busy_s: float = 0.0
 
@@ -116,11 +121,13 @@ class DriftCheck:
         first, nxt, busy = unit_admission(cached)
         kv, row_context = unit_context_cost(cached)
         tail, tail_median = unit_tail(cached)
+        pace, window, tau = unit_pace(cached)
         return cls(ref, budget.drift_tolerance, budget.drift_reprofile, target.serving != "continuous", used,
                    all_buckets, profile, side, probes, unit_row_s(cached), admit_first_s=first, admit_next_s=nxt,
                    kv_token_s=kv, row_context=row_context, resume_s=unit_resume(cached), admit_busy_s=busy,
                    resume_idle=unit_by_idle(cached), resume_busy=unit_by_pass(cached),
-                   prefill_tail=tail, prefill_tail_median_s=tail_median)
+                   prefill_tail=tail, prefill_tail_median_s=tail_median, decode_pace=pace,
+                   decode_pace_window_s=window, decode_pace_tau_s=tau)
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
@@ -263,5 +270,6 @@ def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
         admit_next_s=check.admit_next_s, kv_token_s=check.kv_token_s, row_context=check.row_context,
         resume_s=check.resume_s, admit_busy_s=check.admit_busy_s, resume_idle=check.resume_idle,
         resume_busy=check.resume_busy, prefill_tail=check.prefill_tail,
-        prefill_tail_median_s=check.prefill_tail_median_s)
+        prefill_tail_median_s=check.prefill_tail_median_s, decode_pace=check.decode_pace,
+        decode_pace_window_s=check.decode_pace_window_s, decode_pace_tau_s=check.decode_pace_tau_s)
         for b, f in fits.items()}, ""

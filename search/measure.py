@@ -47,6 +47,10 @@ for the search); the caller stores what it returns, whole, in one transaction.
 11. How far a lone served prompt's TTFT strays from its median (``lens.prefill_tail``): served
     calls of one-token requests after idle spells; kept in every profile (``prefill_tail``),
     the spread continuous serving reads its latency percentiles over. Only as 9.
+12. How a lone served decode's pace wanders in time (``lens.decode_pace``): served calls of
+    requests decoding one after another; kept in every profile (``decode_pace``, its window and
+    correlation time), the wander continuous serving's TPOT and E2E percentiles are read over.
+    Only as 9.
 """
 from __future__ import annotations
 
@@ -61,6 +65,7 @@ import numpy as np
 from lens import admission as admission_cost
 from lens import busy_resume
 from lens import context_cost
+from lens import decode_pace
 from lens import prefill_tail
 from lens import resume as resume_cost
 from lens import rows as row_cost
@@ -68,7 +73,7 @@ from lens.buckets import select_index
 from lens.errors import RunnerError, UserError, one_line
 from lens.noise import ESTIMATOR
 from lens.probes import BucketFit, NoisyMeasurement, assess, check_probe, fit, plan_probes, probe_window, to_profile
-from lens.types import BucketProfile, Candidate, Probe, ProbeRun, Target, Unit
+from lens.types import BucketProfile, Candidate, Probe, ProbeRun, Requests, Target, Unit, WorkloadRun
 from runners import Runner, get_runner
 from spaces import ProfileSettings
 
@@ -135,6 +140,10 @@ class UnitMeasurement:
     #: (as resume), and its timed run seconds (in run_s)
     tail: prefill_tail.PrefillTail | None = None
     tail_s: float = 0.0
+    #: how a lone served decode's pace wanders (lens.decode_pace); None when not measured (as resume), and its
+    #: timed run seconds (in run_s)
+    pace: decode_pace.DecodePace | None = None
+    pace_s: float = 0.0
 
     @property
     def hardware_s(self) -> float:
@@ -144,7 +153,8 @@ class UnitMeasurement:
         return {what: c for what, c in (("the row cost", self.rows), ("the served admissions", self.admission),
                                         ("a row's context cost", self.context), ("the resume cost", self.resume),
                                         ("the resume cost after a busy pass", self.busy_resume),
-                                        ("a lone prompt's TTFT tail", self.tail))
+                                        ("a lone prompt's TTFT tail", self.tail),
+                                        ("a lone decode's pace", self.pace))
                 if c is not None}
 
     def host_costs(self) -> dict[str, str]:
@@ -360,6 +370,11 @@ def measure_unit(
     if tail is not None:
         profiles = {b: dataclasses.replace(p, prefill_tail=tail.quantiles, prefill_tail_median_s=tail.median_s)
                     for b, p in profiles.items()}
+    pace, pace_spent = measure_decode_pace(runner, target, tp, batch, profiles, want)
+    compile_s, run_s = compile_s + pace_spent[0], run_s + pace_spent[1]
+    if pace is not None:
+        profiles = {b: dataclasses.replace(p, decode_pace=pace.quantiles, decode_pace_window_s=pace.window_s,
+                                           decode_pace_tau_s=pace.tau_s) for b, p in profiles.items()}
     noisy = {b: verdict[b][1] + f" after {attempt} attempt(s)" for b in want if verdict[b]}
     return UnitMeasurement(
         tp=tp, batch=batch, profiles=profiles, compile_s=compile_s, run_s=run_s, host=result.host,
@@ -368,7 +383,7 @@ def measure_unit(
         notes={b: "; ".join(v) for b, v in notes.items()}, rows=rows, rows_s=rows_spent[1],
         admission=admission, admission_s=admission_spent[1], context=context, context_s=context_spent[1],
         resume=resume, resume_s=resume_spent[1], busy_resume=busy, busy_resume_s=busy_spent[1],
-        tail=tail, tail_s=tail_spent[1],
+        tail=tail, tail_s=tail_spent[1], pace=pace, pace_s=pace_spent[1],
     )
 
 
@@ -545,6 +560,33 @@ def measure_busy_resume(runner: Runner, target: Target, tp: int, batch: int, pro
     return busy_resume.solve(rounds, plan), tuple(spent)
 
 
+def _lone_prompt(runner: Runner, target: Target, profiles: dict[int, BucketProfile],
+                 buckets: Sequence[int]) -> tuple[BucketProfile, tuple[int, ...]] | None:
+    """The profile whose prompt a served measurement of lone requests takes (the smallest measured bucket's,
+    ``lens.prefill_tail.pick``) and the sorted buckets; None where it is not run (as ``measure_resume``)."""
+    if not _served_continuously(runner, target):
+        return None
+    want = set(buckets)
+    measured = {b: p for b, p in profiles.items() if b in want}
+    return (prefill_tail.pick(measured), tuple(sorted(buckets))) if measured else None
+
+
+def _served_calls(runner: Runner, cand: Candidate, req: Requests,
+                  rounds: int) -> tuple[list[WorkloadRun], tuple[float, float], BaseException | None]:
+    """``rounds`` served calls of ``req``, their (compile, run) seconds, and the runner's error that stopped them
+    (None: all ran)."""
+    runs, spent = [], [0.0, 0.0]
+    try:
+        for _ in range(rounds):
+            run = runner.run_workload(cand, req, mode="continuous")
+            spent[0] += run.compile_s
+            spent[1] += run.run_s
+            runs.append(run)
+    except (RunnerError, UserError) as exc:
+        return runs, (spent[0], spent[1]), exc
+    return runs, (spent[0], spent[1]), None
+
+
 def measure_prefill_tail(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
                          buckets: Sequence[int]) -> tuple[prefill_tail.PrefillTail | None, tuple[float, float]]:
     """How far a lone served prompt's TTFT strays from its median (lens.prefill_tail), in the smallest measured
@@ -553,24 +595,33 @@ def measure_prefill_tail(runner: Runner, target: Target, tp: int, batch: int, pr
     None (nothing measured) where ``measure_resume`` measures nothing. A runner that fails it leaves none (the
     percentiles are read over the times as composed), with the reason.
     """
-    if not _served_continuously(runner, target):
+    lone = _lone_prompt(runner, target, profiles, buckets)
+    if lone is None:
         return None, (0.0, 0.0)
-    want = set(buckets)
-    measured = {b: p for b, p in profiles.items() if b in want}
-    if not measured:
-        return None, (0.0, 0.0)
-    p = prefill_tail.pick(measured)
-    bk = tuple(sorted(buckets))
-    cand = Candidate(tp, batch, bk, bk)
+    p, bk = lone
     req = prefill_tail.workload(p)
-    rounds, medians, spent = [], [], [0.0, 0.0]
-    try:
-        for _ in range(prefill_tail.ROUNDS):
-            run = runner.run_workload(cand, req, mode="continuous")
-            spent[0] += run.compile_s
-            spent[1] += run.run_s
-            rounds.append(prefill_tail.read(req, run.ttft_s))
-            medians.append(float(np.median(run.ttft_s)))
-    except (RunnerError, UserError) as exc:  # the profiles stand without it
-        return prefill_tail.PrefillTail(bucket=p.bucket, note=_not_measured(exc)), tuple(spent)
-    return prefill_tail.solve(rounds, p=p, medians=medians), tuple(spent)
+    runs, spent, exc = _served_calls(runner, Candidate(tp, batch, bk, bk), req, prefill_tail.ROUNDS)
+    if exc is not None:  # the profiles stand without it
+        return prefill_tail.PrefillTail(bucket=p.bucket, note=_not_measured(exc)), spent
+    return prefill_tail.solve([prefill_tail.read(req, r.ttft_s) for r in runs], p=p,
+                              medians=[float(np.median(r.ttft_s)) for r in runs]), spent
+
+
+def measure_decode_pace(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
+                        buckets: Sequence[int]) -> tuple[decode_pace.DecodePace | None, tuple[float, float]]:
+    """How a lone served decode's pace wanders (lens.decode_pace), its requests with the smallest measured
+    bucket's prompt, and its (compile, run) seconds.
+
+    None (nothing measured) where ``measure_resume`` measures nothing, or where no bucket holds the prompt and
+    ``decode_pace.FEWEST`` steps after it. A runner that fails it leaves none (every decode step at its composed
+    time), with the reason.
+    """
+    lone = _lone_prompt(runner, target, profiles, buckets)
+    if lone is None or (steps := decode_pace.steps_for(lone[0], lone[1])) is None:
+        return None, (0.0, 0.0)
+    p, bk = lone
+    req = decode_pace.workload(p, steps=steps)
+    runs, spent, exc = _served_calls(runner, Candidate(tp, batch, bk, bk), req, decode_pace.ROUNDS)
+    if exc is not None:  # the profiles stand without it
+        return decode_pace.DecodePace(bucket=p.bucket, note=_not_measured(exc)), spent
+    return decode_pace.solve([decode_pace.read(req, r.ttft_s, r.e2e_s) for r in runs], p=p), spent

@@ -17,6 +17,7 @@ from lens.errors import LensoptError, UnitCannotRun, UserError, one_line
 from lens.admission import AdmissionCost
 from lens.context_cost import ContextCost
 from lens.busy_resume import BusyResume
+from lens.decode_pace import DecodePace
 from lens.prefill_tail import PrefillTail
 from lens.resume import ResumeCost
 from lens.rows import RowCost
@@ -89,6 +90,9 @@ class ProfileOutcome:
     #: timed run seconds
     tail: PrefillTail | None = None
     tail_s: float = 0.0
+    #: how a lone served decode's pace wanders (lens.decode_pace; None: not measured) and its timed run seconds
+    pace: DecodePace | None = None
+    pace_s: float = 0.0
 
 
 class LeaseKeeper:
@@ -186,7 +190,7 @@ def profile_missing(
         bucket_s=dict(m.bucket_s), notes=dict(m.notes), rows=m.rows, rows_s=m.rows_s,
         admission=m.admission, admission_s=m.admission_s, context=m.context, context_s=m.context_s,
         resume=m.resume, resume_s=m.resume_s, busy_resume=m.busy_resume, busy_resume_s=m.busy_resume_s,
-        tail=m.tail, tail_s=m.tail_s,
+        tail=m.tail, tail_s=m.tail_s, pace=m.pace, pace_s=m.pace_s,
     )
 
 

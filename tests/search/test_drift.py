@@ -480,7 +480,8 @@ def test_the_side_by_side_profiles_carry_the_served_costs_their_probes_cannot_se
                     model=ModelShape(layers=2, hidden=64, heads=2, kv_heads=1, intermediate=128, vocab=256))
     unit, buckets = Unit(target, 1, 2), (64, 128)
     served = dict(prefill_tail=(-0.001, 0.0, 0.004), prefill_tail_median_s=0.0065, resume_s=0.002,
-                  resume_busy=((0.005, 0.001),))
+                  resume_busy=((0.005, 0.001),), decode_pace=(-0.1, 0.0, 0.2), decode_pace_window_s=0.08,
+                  decode_pace_tau_s=0.3)
     cached = {b: dataclasses.replace(p, **served) for b, p in solve(
         Scripted().profile(unit, plan_probes(buckets, policy="exclusive", max_output=32, repeats=5)).runs,
         batch=2, max_spread=0.05).items()}

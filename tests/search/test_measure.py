@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lens import decode_pace
 from lens.prefill_tail import LEVELS
 from lens.probes import fit, plan_probes, probe_window
 from lens.context_cost import STEPS
@@ -398,7 +399,7 @@ def test_a_runner_that_fails_the_served_workloads_leaves_their_costs_at_zero_and
     # the row cost and a row's context run static batches: measured; the admissions and the resume need a
     # served run: each left at 0, its note saying why, in one line
     assert set(gone) == {"the served admissions", "the resume cost", "the resume cost after a busy pass",
-                         "a lone prompt's TTFT tail"}, gone
+                         "a lone prompt's TTFT tail", "a lone decode's pace"}, gone
     assert set(gone.values()) == {"not measured (RunnerError: the engine stopped with a second line)"}, gone
     assert {(p.admit_first_s, p.resume_s) for p in m.profiles.values()} == {(0.0, 0.0)}
     # a unit whose workloads all ran has nothing to say
@@ -411,6 +412,7 @@ def test_resuming_is_measured_only_for_a_target_served_continuously():
     assert m.resume is None and m.resume_s == 0.0 and all(p.resume_s == 0.0 for p in m.profiles.values())
     assert m.busy_resume is None and m.busy_resume_s == 0.0 and all(p.resume_busy == () for p in m.profiles.values())
     assert m.tail is None and m.tail_s == 0.0 and all(p.prefill_tail == () for p in m.profiles.values())
+    assert m.pace is None and m.pace_s == 0.0 and all(p.decode_pace == () for p in m.profiles.values())
 
 
 def test_a_lone_prompts_ttft_tail_is_measured_and_kept_in_every_profile():
@@ -437,3 +439,35 @@ def test_a_lone_prompts_ttft_tail_is_measured_and_kept_in_every_profile():
     assert {p.prefill_tail for p in m.profiles.values()} == {t.quantiles}
     # with the median it lies about, which scales each prompt's draws by its own prefill
     assert t.median_s > 0 and {p.prefill_tail_median_s for p in m.profiles.values()} == {t.median_s}
+
+
+def test_a_lone_decodes_pace_is_measured_with_its_correlation_and_kept_in_every_profile():
+    served = dataclasses.replace(sim(noise=0.0, stragglers=False), serving="continuous")
+    runner = get_runner(served)
+    plain = runner.run_workload
+    # a host whose decode runs 20% slow for four lone requests in a row, then 20% fast for four, and so on
+    def blocks(cand, requests, *, mode="static"):
+        run = plain(cand, requests, mode=mode)
+        if mode != "continuous" or not (requests.name or "").startswith("decode-pace"):
+            return run
+        k = np.where((np.arange(len(requests)) // 4) % 2 == 1, 1.2, 0.8)
+        return dataclasses.replace(run, e2e_s=run.ttft_s + (run.e2e_s - run.ttft_s) * k)
+
+    runner.run_workload = blocks
+    m = measure_unit(served, tp=1, batch=4, buckets=BUCKETS[:2], all_buckets=BUCKETS, profile=ProfileSettings(),
+                     runner=runner)
+    pace = m.pace
+    assert pace is not None and m.pace_s > 0 and pace.note == "" and pace.bucket == BUCKETS[0], pace
+    q = np.asarray(pace.quantiles)
+    assert pace.n == decode_pace.ROUNDS * decode_pace.LONE and q.size == decode_pace.LEVELS
+    # half the requests 20% under the call's mean, half 20% over
+    assert np.allclose(q[:50], -0.2, atol=1e-3) and np.allclose(q[51:], 0.2, atol=1e-3), q
+    # neighbours within a block agree, across one they differ: per call 36 pairs of 47 alike, 11 not
+    assert pace.rho == pytest.approx((36 - 11) / 48, abs=0.01)
+    first = m.profiles[min(m.profiles)]  # the lone requests' prompt, and as many steps as were measured
+    req = decode_pace.workload(first, steps=decode_pace.steps_for(first, BUCKETS[:2]))
+    spacing = float(np.diff(req.arrival_s)[0])
+    assert pace.spacing_s == pytest.approx(spacing) and pace.tau_s == pytest.approx(-spacing / np.log(pace.rho))
+    assert {(p.decode_pace, p.decode_pace_window_s, p.decode_pace_tau_s) for p in m.profiles.values()} == {
+        (pace.quantiles, pace.window_s, pace.tau_s)}
+    assert "a lone decode's pace" in m.host_costs()

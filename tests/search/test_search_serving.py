@@ -99,6 +99,12 @@ def test_profile_json_of_a_served_target_gives_the_busy_pass_resume_per_level(tm
     assert tail["quantiles_s"] == sorted(tail["quantiles_s"]) and tail["median_s"] > 0
     assert all(p["prefill_tail"] == tail["quantiles_s"] and p["prefill_tail_median_s"] == tail["median_s"]
                for p in out["profiles"].values())
+    # and a lone decode's pace, with its window and correlation time (SIMULATED: the sim's own jitter)
+    pace = out["decode_pace"]
+    assert pace["requests"] > 0 and len(pace["quantiles"]) == LEVELS and pace["bucket"] == 128 and pace["run_s"] > 0
+    assert pace["quantiles"] == sorted(pace["quantiles"]) and pace["quantiles"][0] > -1 and pace["window_s"] > 0
+    assert all(p["decode_pace"] == pace["quantiles"] and p["decode_pace_window_s"] == pace["window_s"]
+               and p["decode_pace_tau_s"] == pace["tau_s"] for p in out["profiles"].values())
 
 
 def test_the_prediction_memo_counts_the_tail_runs_a_serving_prediction_holds():
