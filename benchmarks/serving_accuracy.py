@@ -73,7 +73,7 @@ from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E40
 from runners import get_runner  # noqa: E402
 from search.drift_check import DriftCheck, checked  # noqa: E402
 from search.measure import (measure_admission, measure_busy_resume, measure_context_cost,  # noqa: E402
-                            measure_prefill_tail, measure_resume, measure_row_cost)
+                            measure_decode_pace, measure_prefill_tail, measure_resume, measure_row_cost)
 from spaces import Budget, ProfileSettings  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
@@ -261,6 +261,13 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
             profiles = {b: dataclasses.replace(p, prefill_tail=tail.quantiles, prefill_tail_median_s=tail.median_s)
                         for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: {tail.said()}", file=sys.stderr)
+        # how a lone served decode's pace wanders (lens.decode_pace), as lensopt's profiling measures it
+        pace, _ = measure_decode_pace(runner, dataclasses.replace(target, serving="continuous"), tp, batch,
+                                      profiles, buckets)
+        if pace is not None:
+            profiles = {b: dataclasses.replace(p, decode_pace=pace.quantiles, decode_pace_window_s=pace.window_s,
+                                               decode_pace_tau_s=pace.tau_s) for b, p in profiles.items()}
+            print(f"{target.hardware} tp{tp} b{batch}: {pace.said()}", file=sys.stderr)
         loose = dropped_costs(row, adm, kv, resume, busy)
         if loose:
             print(f"{target.hardware} tp{tp} b{batch}: within 3 standard errors of none, not counted: "
@@ -302,6 +309,10 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 no_tail = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, prefill_tail=()), timed, scheduler=sched),
                     chips=tp)
+                # and with every decode step at its composed time, the percentiles read without the pace's wander
+                no_pace = summarize_serving_prediction(
+                    timed, predict_serving(dataclasses.replace(side, decode_pace=()), timed, scheduler=sched),
+                    chips=tp)
                 # and with the tail's draws added to each request's own times, not pushing back the queue behind it
                 added = added_tail(timed, side, sched, tp)
                 # and with the tail's seconds added to every prompt alike, whatever its prefill
@@ -337,6 +348,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                                  "corrected_one_admission_%": err(one[m], med),
                                  "corrected_no_busy_resume_%": err(flat[m], med),
                                  "corrected_no_tail_%": err(no_tail[m], med),
+                                 "corrected_no_pace_%": err(no_pace[m], med),
                                  "corrected_flat_tail_%": err(flat_tail[m], med),
                                  "corrected_added_tail_%": err(added[m], med),
                                  "corrected_dropped_counted_%": err(counted[m], med)})
@@ -434,6 +446,8 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
                                                      "shortest idle spell's whatever its prefill (lens.busy_resume)"),
                       ("corrected_no_tail_%", "|error| corrected for drift, every prompt at its composed TTFT "
                                               "(no lone-prompt tail, lens.prefill_tail)"),
+                      ("corrected_no_pace_%", "|error| corrected for drift, every decode step at its composed "
+                                              "time (no wander of the decode's pace, lens.decode_pace)"),
                       ("corrected_flat_tail_%", "|error| corrected for drift, the tail's seconds added to every prompt "
                                                 "alike, not scaled by its prefill"),
                       ("corrected_added_tail_%", "|error| corrected for drift, the tail's draws added to each "

@@ -13,6 +13,9 @@ prediction's speed is measured here), then times, repeated, with median and spre
   again with every prefill stretched by a draw (``replicas(n)`` runs: one for 10,000 requests, 16
   for the 120 of the accuracy benchmark), and the 120-request one; the sim's profiles measure no
   tail, so the tail here is a made-up 101-level one, whose values barely change the time;
+- with a decode pace as well (``lens.decode_pace``): the same two, every decode run of the extra runs
+  taking its wall time from a path of the pace; the sim measures no correlated wander, so the pace
+  here is a made-up one of the jax runner's size (-20% to +30%, 80 ms cells, forgetting in 250 ms);
 - the summary of the trace prediction (``summarize_serving_prediction``: percentiles, good fraction,
   goodput), as composed and read over the tail's runs.
 
@@ -118,6 +121,12 @@ def main(argv=None) -> int:
           f"{fmt(timed(lambda: predict_serving(table, few, scheduler=sched), args.repeats))}")
     print(f"  the same with the tail ({replicas(len(few))} more runs): "
           f"{fmt(timed(lambda: predict_serving(with_tail, few, scheduler=sched), args.repeats))}")
+    paced = dataclasses.replace(with_tail, decode_pace=tuple(float(v) for v in np.linspace(-0.2, 0.3, 101)),
+                                decode_pace_window_s=0.08, decode_pace_tau_s=0.25)
+    print(f"  trace arrivals with the tail and a decode pace: "
+          f"{fmt(timed(lambda: predict_serving(paced, req, scheduler=sched), args.repeats))}")
+    print(f"  its first {len(few)} requests with both: "
+          f"{fmt(timed(lambda: predict_serving(paced, few, scheduler=sched), args.repeats))}")
     tailed = predict_serving(with_tail, req, scheduler=sched)
     print(f"  summary of the trace prediction, as composed: "
           f"{fmt(timed(lambda: summarize_serving_prediction(req, pred), args.repeats))}")
