@@ -15,8 +15,8 @@ The profile holds the decode's mean (TBT_b from static runs); its wander is not 
 
 The measurement (``workload``, ``read``, ``solve``): ``ROUNDS`` served calls of ``LONE``
 requests, each decoding ``STEPS`` steps (or as many as the largest bucket holds) after the
-prompt of the unit's smallest measured bucket, each arriving ``GAP_S`` after the one before it is expected to end. Per call, each
-lone request's decode seconds (its E2E less its TTFT) over the call's mean, less one: its
+prompt of the unit's smallest measured bucket, each arriving ``GAP_S`` after the one before it
+is expected to end. Per call, each lone request's decode seconds (its E2E less its TTFT) over the call's mean, less one: its
 pace about the call's (a host that drifts between calls moves the mean, not the wander). The
 residuals of the calls pooled, the profile keeps their quantiles at ``LEVELS`` evenly spaced
 levels (``decode_pace``); the median decode seconds, the window each residual averages the
@@ -31,11 +31,16 @@ asks for (``lens.prefill_tail.replicas``), the device's pace is a path over the 
 constant over cells of the measured window: a Gaussian AR(1) sequence with the measured
 correlation between neighbouring cells, ``exp(-window / tau)``, its ranks read as evenly
 spaced levels of the kept quantiles (so each run's cells take the measured distribution as a
-whole, and only their order is drawn). Every decode run of the machine (steps with a fixed
-live set, and the resume cost before them) takes its seconds times the path's mean over
-them. Residuals about the call's mean, not its median: the profile's TBT_b is a mean, so the
-paths keep the decode's mean seconds and spread them; the throughput moves only where a slow
-spell stalls a queue. The pace applies to the decode alone; the prefill's own spread is the
+whole, and only their order is drawn). A cell's factor is the wall seconds one composed
+second takes in it. Every decode run of the machine (steps with a fixed live set, and the
+resume cost before them) ends when the path has done its composed seconds (``Pace.work``,
+``Pace.wall``), and an arrival during it is counted in the path's work too, so the admission
+still lands on the first step boundary after it. (Scaling a run by the path's mean over its
+composed seconds instead let a run stopped for an arrival end well after it.) Residuals
+about the call's mean, not its median, and the factors scaled so that the path does one
+composed second per wall second on average: the profile's TBT_b is an uninterrupted decode's
+mean, so the paths keep it and spread it; the throughput moves only where a slow spell
+stalls a queue. The pace applies to the decode alone; the prefill's own spread is the
 prefill tail's (measured the same way, on one-token requests).
 """
 from __future__ import annotations
