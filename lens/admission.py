@@ -34,13 +34,19 @@ prefill and nothing else; a served one frees its slot at once): ``ROUNDS`` round
   together at an idle device (``m``: the batch, or the scheduler's ``max_prefills`` when
   smaller; 1 with batched prefill): the first one's TTFT, and the slope of the later
   ones' TTFTs;
-- a served call of ``CARRIERS`` carrier requests, each decoding in one token-generation
-  bucket (``busy_plan``) while ``LONE`` one-token requests arrive, each
-  ``SETTLE`` steps after the last pass and at another phase of a step: a lone request waits
-  for the step under way (half the carrier's step on average), then is prefilled, so its
-  TTFT less half a step is a busy pass's first prompt. Not for a batch of one (no slot is
-  free while a request decodes) or where no measured window holds the carrier: ``busy_s``
-  is then ``first_s``, as one offset priced both before.
+- a served call of carrier requests, each decoding in one token-generation bucket
+  (``busy_plan``) while up to ``LONE`` one-token requests arrive, each ``SETTLE`` steps
+  after the last pass and at another phase of a step, ``CARRIERS`` x ``LONE`` lone requests
+  in all: a lone request waits for the step under way (half the carrier's step on average),
+  then is prefilled, so its TTFT less half a step is a busy pass's first prompt. The
+  carriers decode in the smallest measured window that holds one with a lone arrival (as
+  many of them per carrier as it holds, and as many more carriers): the wait spreads a lone
+  TTFT over a whole step, so the shortest steps give the tightest offset (on the jax runner,
+  batch 8, the rounds' offsets spread 0.72 ms in bucket 64's window, 3.3 ms steps, against
+  1.37 ms in bucket 512's, 6.7 ms steps, where the carriers of 6 went before, at the same
+  mean within its error: docs/serving.md), and short carriers cost fewer seconds. Not for a
+  batch of one (no slot is free while a request decodes) or where no measured window holds
+  a carrier: ``busy_s`` is then ``first_s``, as one offset priced both before.
 
 Per round, ``first = median(first TTFTs) - median(static)``, ``next = median(slopes) -
 median(static)`` and ``busy = median(lone TTFTs - half a step) - median(static)``: the calls
@@ -82,9 +88,10 @@ SIGMAS = 3.0
 #: TTFT p50 then came out 16-19% low at confirmation (docs/serving.md)
 UNDECIDED = 1.0
 MORE_ROUNDS = 2
-#: carriers per busy call, one after another, and lone one-token requests arriving while each decodes: the wait
-#: for the step under way spreads a lone TTFT over a whole step (up to 4 ms on the jax runner), and 24 of them
-#: a round bring the offset's standard error to about what the idle bursts give
+#: lone one-token requests per busy call, CARRIERS x LONE, arriving at most LONE while one carrier decodes (fewer
+#: where the smallest window holds fewer, with as many more carriers): the wait for the step under way spreads a
+#: lone TTFT over a whole step (up to 4 ms on the jax runner), and 24 of them a round bring the offset's standard
+#: error to about what the idle bursts give
 CARRIERS = 4
 LONE = 6
 #: decode steps the carrier runs after each pass before the next lone arrival, so that each lands on settled
@@ -177,33 +184,41 @@ class BusyPlan:
 
 def busy_plan(p: BucketProfile, profiles: Mapping[int, BucketProfile], buckets: Sequence[int], policy: str, *,
               batch: int, carriers: int = CARRIERS, lone: int = LONE) -> BusyPlan | None:
-    """``carriers`` carrier requests one after another, each with ``lone`` one-token requests with bucket ``p``'s
-    prompt arriving while it decodes, in the smallest measured token-generation window that holds a carrier; None
-    for a batch of one or where no window does. A carrier decodes alone (or beside the one before it, in the same
-    bucket): its step is TBT_b less the free rows' host cost (``row_s``)."""
+    """Carrier requests one after another, each with one-token requests with bucket ``p``'s prompt arriving while it
+    decodes, ``carriers`` x ``lone`` of those in all, in the smallest measured token-generation window that holds a
+    carrier with one of them (with as many as it holds, ``lone`` at most, and as many carriers as that takes); None
+    for a batch of one or where no window holds one. A carrier decodes alone (or beside the one before it, in the
+    same bucket): its step is TBT_b less the free rows' host cost (``row_s``)."""
     if batch < 2:
         return None
     bk = sorted(buckets)
+    total = carriers * lone
     for b, prompt, room, ctx_bucket in decode_windows(profiles, bk, policy):
         tkg = profiles[b]
         step = tkg.tbt_s - (batch - 1) * tkg.row_s
         if step <= 0:
             continue
         ctx = profiles[ctx_bucket]
-        k = np.arange(lone, dtype=np.float64)
         spacing = GAP * max(p.ttft_s, 0.0) + SETTLE * step
-        arrival = MARGIN * max(ctx.ttft_s, 0.0) + SETTLE * step + k * spacing + (k * PHASE % 1.0) * step
-        steps = int(np.ceil(MARGIN * (arrival[-1] + max(p.ttft_s, 0.0)) / step)) + SETTLE
-        if steps > room:
+        for per in range(lone, 0, -1):
+            # each lone arrival at its own step's start, then a phase within the step (the last one's at most a step)
+            starts = MARGIN * max(ctx.ttft_s, 0.0) + SETTLE * step + np.arange(per, dtype=np.float64) * spacing
+            steps = int(np.ceil(MARGIN * (starts[-1] + step + max(p.ttft_s, 0.0)) / step)) + SETTLE
+            if steps <= room:
+                break
+        else:
             continue
-        period = arrival[-1] + spacing  # the next carrier arrives after the last lone request's pass has settled
-        one = np.concatenate([[0.0], arrival])
-        n = lone + 1
-        lin = np.tile(np.concatenate([[prompt], np.full(lone, p.input_len)]), carriers).astype(np.int64)
-        lout = np.tile(np.concatenate([[steps + 1], np.ones(lone)]), carriers).astype(np.int64)
-        arr = np.concatenate([c * period + one for c in range(carriers)])
+        n_car = -(-total // per)
+        period = starts[-1] + step + spacing  # the next carrier comes after the last lone request's pass settled
+        # every lone arrival at another phase of a step, across the carriers too
+        phase = (np.arange(n_car * per, dtype=np.float64) * PHASE % 1.0).reshape(n_car, per) * step
+        arr = np.concatenate([np.concatenate([[0.0], starts + phase[c]]) + c * period for c in range(n_car)])
+        one_lin = np.concatenate([[prompt], np.full(per, p.input_len)])
+        one_lout = np.concatenate([[steps + 1], np.ones(per)])
+        lin = np.tile(one_lin, n_car).astype(np.int64)
+        lout = np.tile(one_lout, n_car).astype(np.int64)
         return BusyPlan(Requests(lin, lout, arr, name=f"admission-busy-{p.bucket}"),
-                        np.tile(np.arange(n) > 0, carriers), step)
+                        np.tile(np.arange(per + 1) > 0, n_car), step)
     return None
 
 

@@ -411,8 +411,8 @@ def measure_row_cost(runner: Runner, target: Target, tp: int, batch: int, p: Buc
 def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profiles: dict[int, BucketProfile],
                       buckets: Sequence[int]) -> tuple[admission_cost.AdmissionCost | None, tuple[float, float]]:
     """What the unit's server costs per admission against TTFT_b, measured in the smallest bucket of ``profiles``
-    (lens.admission; a busy pass's carrier decodes in the smallest window that holds it), and its (compile, run)
-    seconds.
+    (lens.admission; a busy pass's carriers decode in the smallest window that holds one with a lone arrival), and
+    its (compile, run) seconds.
 
     None (nothing measured) for a ragged-batching target or a runner that does not serve
     continuous mode: its units are never served here, and a prediction of continuous serving

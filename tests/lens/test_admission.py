@@ -104,34 +104,52 @@ def tkg(bucket, tbt_s, ttft_s=0.02, row_s=0.0):
                          t2_s=0, repeats=3, spread=0, row_s=row_s)
 
 
-def test_the_busy_call_keeps_its_carriers_decoding_in_one_window_past_every_lone_arrival():
+def check_busy_plan(plan, p, per, carrier_prompt, top):
+    """``plan``'s invariants, with ``per`` lone requests a carrier whose prompt is ``carrier_prompt`` in a window up
+    to ``top``."""
+    r, lone = plan.requests, plan.lone
+    n_car = -(-admission.CARRIERS * admission.LONE // per)
+    assert len(r) == n_car * (per + 1) and lone.sum() == n_car * per >= admission.CARRIERS * admission.LONE
+    assert np.all(r.input_len[~lone] == carrier_prompt) and np.all(r.input_len[lone] == p.input_len)
+    assert np.all(r.output_len[lone] == 1) and np.all(np.diff(r.arrival_s) > 0) and r.arrival_s[0] == 0.0
+    steps = int(r.output_len[0]) - 1
+    assert r.input_len[0] + steps <= top  # never leaves the window
+    phases = []
+    for s in np.flatnonzero(~lone):
+        mine = r.arrival_s[s + 1: s + 1 + per] - r.arrival_s[s]
+        # each lone request arrives well before its carrier would end on a host MARGIN times faster
+        assert mine[-1] + p.ttft_s < steps * plan.step_s / admission.MARGIN
+        assert np.all(np.diff(mine) >= admission.GAP * p.ttft_s + (admission.SETTLE - 1) * plan.step_s)  # less a phase
+        phases.extend((mine / plan.step_s) % 1.0)
+    # the arrivals' phases within a step spread over it, across the carriers (the wait averages half a step)
+    phases = np.asarray(phases)
+    assert np.ptp(phases) > 0.8 and 0.3 < np.mean(phases < 0.5) < 0.7
+    return r, lone
+
+
+def test_the_busy_call_decodes_in_the_smallest_window_that_holds_a_lone_arrival():
     p = prof(0.006)
     profiles = {64: tkg(64, 0.002, 0.006), 256: tkg(256, 0.003), 1024: tkg(1024, 0.004, 0.05, row_s=1e-4)}
     plan = admission.busy_plan(p, profiles, (64, 256, 1024), "exclusive", batch=4)
-    r, lone = plan.requests, plan.lone
-    assert len(r) == admission.CARRIERS * (admission.LONE + 1) and lone.sum() == admission.CARRIERS * admission.LONE
-    # carriers: their prompt opens the smallest window that holds one (64's and 256's are too short)
-    assert np.all(r.input_len[~lone] == 255) and np.all(r.input_len[lone] == p.input_len)
-    assert np.all(r.output_len[lone] == 1) and np.all(np.diff(r.arrival_s) > 0) and r.arrival_s[0] == 0.0
-    assert plan.step_s == pytest.approx(0.004 - 3 * 1e-4)  # alone: the three free rows' host cost saved
-    steps = int(r.output_len[0]) - 1
-    assert r.input_len[0] + steps <= 1024  # never leaves the window
-    starts = np.flatnonzero(~lone)
-    for c, s in enumerate(starts):
-        mine = r.arrival_s[s + 1: s + 1 + admission.LONE] - r.arrival_s[s]
-        # each lone request arrives well before its carrier would end on a host MARGIN times faster
-        assert mine[-1] + p.ttft_s < steps * plan.step_s / admission.MARGIN
-        gaps = np.diff(mine)
-        assert np.all(gaps >= admission.GAP * p.ttft_s + (admission.SETTLE - 1) * plan.step_s)  # less a phase
-        # the arrivals' phases within a step spread over it (the wait for the step under way averages half of one)
-        assert np.ptp((mine / plan.step_s) % 1.0) > 0.5
+    # bucket 64's window holds a carrier from prompt 1 with one lone arrival, not two: 24 carriers of one
+    assert plan.step_s == pytest.approx(0.002)
+    check_busy_plan(plan, p, 1, 1, 64)
     # TTFT less half the carriers' step, per lone request
-    ttft = np.where(lone, 0.009, 0.05)
-    np.testing.assert_allclose(admission.busy_times(ttft, plan), np.full(lone.sum(), 0.009 - plan.step_s / 2))
+    ttft = np.where(plan.lone, 0.009, 0.05)
+    np.testing.assert_allclose(admission.busy_times(ttft, plan), np.full(plan.lone.sum(), 0.009 - plan.step_s / 2))
+
+
+def test_a_window_that_holds_every_lone_arrival_takes_them_all_on_each_carrier():
+    p = prof(0.006)
+    profiles = {1024: tkg(1024, 0.004, 0.05, row_s=1e-4)}
+    plan = admission.busy_plan(p, profiles, (1024,), "exclusive", batch=4)
+    assert plan.step_s == pytest.approx(0.004 - 3 * 1e-4)  # alone: the three free rows' host cost saved
+    check_busy_plan(plan, p, admission.LONE, 1, 1024)
 
 
 def test_no_busy_call_for_a_batch_of_one_or_without_a_window_that_holds_it():
-    profiles = {64: tkg(64, 0.002, 0.006), 128: tkg(128, 0.002)}
+    # a carrier's own prefill (bucket 64's, 50 ms) and its settling steps outrun both windows
+    profiles = {64: tkg(64, 0.002, 0.05), 128: tkg(128, 0.002)}
     assert admission.busy_plan(prof(), profiles, (64, 128), "exclusive", batch=4) is None
     big = {64: tkg(64, 0.002, 0.006), 1024: tkg(1024, 0.004, 0.05)}
     assert admission.busy_plan(prof(), big, (64, 1024), "exclusive", batch=1) is None
