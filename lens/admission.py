@@ -28,8 +28,13 @@ The measurement, in the unit's smallest measured bucket with one-token requests 
 prefill and nothing else; a served one frees its slot at once): ``ROUNDS`` rounds (and
 ``MORE_ROUNDS`` more where an offset is ``undecided``), each
 
-- a static call of ``BATCHES`` full batches: per batch, its last first token over its
-  prefill calls is TTFT_b as the probes mean it;
+- a static call of ``BATCHES`` full batches as the bucket's short probe runs them (a prefill
+  and one decode step): per batch, its end less a step at TBT_b, over its prefill calls, is
+  TTFT_b as the probes solve it (``lens.probes.derive``). That holds the first decode step's
+  start-up over TBT_b, divided over the batch's prompts (on the jax runner at bucket 64,
+  +0.62 ms a batch at batch 4, +0.80 at batch 8); a served prompt's first token does not wait
+  for it (the decode after a pass pays it, ``lens.resume``). Against the prefill alone, as
+  before, every offset carried it and every served prompt was charged it twice;
 - a served call (``mode = "continuous"``) of ``BURSTS`` bursts of ``m`` requests arriving
   together at an idle device (``m``: the batch, or the scheduler's ``max_prefills`` when
   smaller; 1 with batched prefill): the first one's TTFT, and the slope of the later
@@ -159,9 +164,11 @@ def burst_size(batch: int, *, max_prefills: int, prefill: str = PREFILLS[0]) -> 
 
 
 def static_workload(p: BucketProfile, batch: int, batches: int = BATCHES) -> Requests:
-    """``batches`` full batches of one-token requests with bucket ``p``'s prompt."""
+    """``batches`` full batches of requests as bucket ``p``'s short probe runs them: its prompt, and its ``l1`` tokens
+    (a prefill and one decode step; one token where the bucket was too narrow for two)."""
     n = batch * batches
-    return Requests(np.full(n, p.input_len, np.int64), np.ones(n, np.int64), name=f"admission-static-{p.bucket}")
+    return Requests(np.full(n, p.input_len, np.int64), np.full(n, max(int(p.l1), 1), np.int64),
+                    name=f"admission-static-{p.bucket}")
 
 
 def served_workload(p: BucketProfile, m: int, bursts: int = BURSTS) -> Requests:
@@ -183,17 +190,20 @@ class BusyPlan:
 
 
 def busy_plan(p: BucketProfile, profiles: Mapping[int, BucketProfile], buckets: Sequence[int], policy: str, *,
-              batch: int, carriers: int = CARRIERS, lone: int = LONE) -> BusyPlan | None:
+              batch: int, carriers: int = CARRIERS, lone: int = LONE, window: int | None = None) -> BusyPlan | None:
     """Carrier requests one after another, each with one-token requests with bucket ``p``'s prompt arriving while it
     decodes, ``carriers`` x ``lone`` of those in all, in the smallest measured token-generation window that holds a
     carrier with one of them (with as many as it holds, ``lone`` at most, and as many carriers as that takes); None
-    for a batch of one or where no window holds one. A carrier decodes alone (or beside the one before it, in the
-    same bucket): its step is TBT_b less the free rows' host cost (``row_s``)."""
+    for a batch of one or where no window holds one. ``window``: that token-generation bucket's window only (a
+    diagnostic's choice). A carrier decodes alone (or beside the one before it, in the same bucket): its step is
+    TBT_b less the free rows' host cost (``row_s``)."""
     if batch < 2:
         return None
     bk = sorted(buckets)
     total = carriers * lone
     for b, prompt, room, ctx_bucket in decode_windows(profiles, bk, policy):
+        if window is not None and b != window:
+            continue
         tkg = profiles[b]
         step = tkg.tbt_s - (batch - 1) * tkg.row_s
         if step <= 0:
@@ -228,10 +238,12 @@ def busy_times(ttft_s: Sequence[float], plan: BusyPlan) -> np.ndarray:
     return np.asarray(ttft_s, dtype=float)[plan.lone] - plan.step_s / 2
 
 
-def static_times(ttft_s: Sequence[float], batch: int, prefill: str = PREFILLS[0]) -> np.ndarray:
-    """Per batch of ``static_workload``'s run: TTFT_b as the probes solve it (its last first token per prefill call)."""
-    t = np.asarray(ttft_s, dtype=float).reshape(-1, batch)
-    return t.max(axis=1) / prefill_calls(batch, prefill)
+def static_times(e2e_s: Sequence[float], batch: int, prefill: str = PREFILLS[0], *, p: BucketProfile) -> np.ndarray:
+    """Per batch of ``static_workload(p)``'s run: TTFT_b as the probes solve it (``lens.probes.derive``): its last
+    request's end less its decode steps at ``p``'s TBT_b, per prefill call. The first decode step after the prefills
+    runs slower than TBT_b, and the solve puts that in the intercept."""
+    t = np.asarray(e2e_s, dtype=float).reshape(-1, batch)
+    return (t.max(axis=1) - (max(int(p.l1), 1) - 1) * p.tbt_s) / prefill_calls(batch, prefill)
 
 
 def burst_times(ttft_s: Sequence[float], m: int) -> tuple[np.ndarray, np.ndarray]:

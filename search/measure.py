@@ -439,7 +439,7 @@ def measure_admission(runner: Runner, target: Target, tp: int, batch: int, profi
         for _ in range(n):
             static = timed(admission_cost.static_workload(p, batch))
             served = timed(admission_cost.served_workload(p, m), "continuous")
-            times = (admission_cost.static_times(static.ttft_s, batch, target.prefill),
+            times = (admission_cost.static_times(static.e2e_s, batch, target.prefill, p=p),
                      *admission_cost.burst_times(served.ttft_s, m))
             if busy is not None:
                 try:

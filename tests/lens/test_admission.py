@@ -1,6 +1,8 @@
 """What a server's admissions cost against the static profile (lens.admission): solved by hand."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,10 @@ from lens.types import BucketProfile
 def prof(ttft_s=0.004):
     return BucketProfile(bucket=64, ttft_s=ttft_s, tbt_s=0.001, input_len=2, l1=2, l2=60, t1_s=0, t2_s=0,
                          repeats=3, spread=0)
+
+
+#: a bucket whose short probe is one token: a static call's TTFT_b is its last first token per prefill call
+ONE_TOKEN = dataclasses.replace(prof(), l1=1)
 
 
 def stack(fixed, per, *, batch, served_fixed, served_per, m, rounds=admission.ROUNDS, jitter=0.0, seed=0):
@@ -24,7 +30,7 @@ def stack(fixed, per, *, batch, served_fixed, served_per, m, rounds=admission.RO
         ttft = np.concatenate([(fixed + k * per) * j(batch) for _ in range(admission.BATCHES)])
         served = np.concatenate([(served_fixed + np.arange(1, m + 1) * served_per) * j(m)
                                  for _ in range(admission.BURSTS)])
-        out.append((admission.static_times(ttft, batch), *admission.burst_times(served, m)))
+        out.append((admission.static_times(ttft, batch, p=ONE_TOKEN), *admission.burst_times(served, m)))
     return out
 
 
@@ -84,11 +90,18 @@ def test_the_workloads_find_an_idle_device_and_read_back_by_burst():
     gaps = np.diff(np.unique(served.arrival_s))
     assert np.allclose(gaps, admission.GAP * 3 * 0.004)  # a burst's prefills several times over
     static = admission.static_workload(p, 4)
+    # as the bucket's short probe ran: its prompt and its two tokens (a prefill, one decode step)
     assert len(static) == 4 * admission.BATCHES and (static.input_len == p.input_len).all()
+    assert (static.output_len == p.l1).all() and p.l1 == 2
+    assert (admission.static_workload(ONE_TOKEN, 4).output_len == 1).all()
     first, slope = admission.burst_times([1.0, 2.0, 3.0, 5.0, 7.0, 9.0], 3)
     np.testing.assert_allclose(first, [1.0, 5.0]) and np.testing.assert_allclose(slope, [1.0, 2.0])
-    np.testing.assert_allclose(admission.static_times([1.0, 2.0, 4.0, 8.0], 2), [1.0, 4.0])
-    np.testing.assert_allclose(admission.static_times([1.0, 2.0, 4.0, 8.0], 2, "batched"), [2.0, 8.0])
+    e2e = [1.0, 2.0, 4.0, 8.0]
+    np.testing.assert_allclose(admission.static_times(e2e, 2, p=ONE_TOKEN), [1.0, 4.0])
+    np.testing.assert_allclose(admission.static_times(e2e, 2, "batched", p=ONE_TOKEN), [2.0, 8.0])
+    # the probes' solve: the batch's end less one step at TBT_b (1 ms), per prefill call
+    np.testing.assert_allclose(admission.static_times(e2e, 2, p=p), [0.9995, 3.9995])
+    np.testing.assert_allclose(admission.static_times(e2e, 2, "batched", p=p), [1.999, 7.999])
 
 
 @pytest.mark.parametrize("cap, prefill, want", [(0, "sequential", 8), (2, "sequential", 2), (1, "sequential", 1),
@@ -145,6 +158,11 @@ def test_a_window_that_holds_every_lone_arrival_takes_them_all_on_each_carrier()
     plan = admission.busy_plan(p, profiles, (1024,), "exclusive", batch=4)
     assert plan.step_s == pytest.approx(0.004 - 3 * 1e-4)  # alone: the three free rows' host cost saved
     check_busy_plan(plan, p, admission.LONE, 1, 1024)
+    # the same window asked for by a diagnostic, in a set whose smaller windows would hold a carrier
+    three = {64: tkg(64, 0.002, 0.006), 256: tkg(256, 0.003), 1024: tkg(1024, 0.004, 0.05, row_s=1e-4)}
+    chosen = admission.busy_plan(p, three, (64, 256, 1024), "exclusive", batch=4, window=1024)
+    check_busy_plan(chosen, p, admission.LONE, 255, 1024)
+    assert admission.busy_plan(p, three, (64, 256, 1024), "exclusive", batch=4, window=128) is None  # no such bucket
 
 
 def test_no_busy_call_for_a_batch_of_one_or_without_a_window_that_holds_it():
@@ -191,3 +209,27 @@ def test_an_offset_between_one_and_three_standard_errors_is_undecided():
     assert admission.undecided(admission.AdmissionCost(5e-3, 0.0, burst=1, busy_measured=True, **settled, **busy))
     assert not admission.undecided(admission.AdmissionCost(5e-3, 0.0, burst=1, busy_measured=False, **settled,
                                                            **busy))
+
+
+def test_a_served_prompt_is_charged_what_it_costs_where_the_first_decode_step_starts_up_slow():
+    """The probes' solve puts the first decode step's start-up in TTFT_b (lens.probes.derive, L1 = 2); a served
+    prompt's first token does not wait for it. The static call solves TTFT_b the same way, so TTFT_b plus the
+    offset is the served TTFT, not that plus the start-up per prompt."""
+    from lens.probes import derive
+
+    batch, pre, tbt, startup, l2 = 4, 0.005, 0.0015, 0.0008, 63
+    # the probes: B prefills, then a first step that starts up slow and steady ones after it
+    t1 = batch * pre + tbt + startup
+    t2 = batch * pre + startup + (l2 - 1) * tbt
+    ttft_b, tbt_b = derive(t1, t2, l1=2, l2=l2, calls=batch)
+    assert tbt_b == pytest.approx(tbt) and ttft_b == pytest.approx(pre + startup / batch)
+    p = dataclasses.replace(prof(ttft_b), tbt_s=tbt_b)
+    rounds = []
+    for _ in range(admission.ROUNDS):
+        e2e = np.tile(np.full(batch, batch * pre + tbt + startup), admission.BATCHES)  # all end at the first step
+        assert (admission.static_workload(p, batch).output_len == 2).all()
+        served = np.tile(pre * np.arange(1, batch + 1), admission.BURSTS)  # a burst's prompts, one after another
+        rounds.append((admission.static_times(e2e, batch, p=p), *admission.burst_times(served, batch)))
+    cost = admission.solve(rounds, p=p, burst=batch)
+    assert cost.raw_first_s == pytest.approx(-startup / batch)
+    assert ttft_b + cost.raw_first_s == pytest.approx(pre)  # the served prompt's own prefill, no start-up in it
