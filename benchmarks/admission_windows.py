@@ -28,7 +28,6 @@ SIMULATED device, labelled so.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -40,12 +39,9 @@ sys.path.insert(0, str(ROOT))
 from lens import admission  # noqa: E402
 from lens.buckets import decode_windows  # noqa: E402
 from lens.errors import LensoptError, UserError  # noqa: E402
-from lens.probes import plan_probes, solve  # noqa: E402
-from lens.rows import measured_context  # noqa: E402
-from lens.types import Candidate, Unit  # noqa: E402
+from lens.types import Candidate  # noqa: E402
 from runners import get_runner  # noqa: E402
-from search.measure import measure_row_cost  # noqa: E402
-from serving_accuracy import setup  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from serving_accuracy import probed, setup  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
 def pick(spec: str, allowed: list[int], what: str) -> list[int]:
@@ -62,18 +58,6 @@ def pick(spec: str, allowed: list[int], what: str) -> list[int]:
         if b not in out:
             out.append(b)
     return out
-
-
-def profile(runner, target, buckets, batch: int, repeats: int):
-    """The unit's profiles as lensopt's profiling measures them before the admissions: probes, then a row's cost."""
-    res = runner.profile(Unit(target, 1, batch), plan_probes(buckets, policy=target.bucket_policy, max_output=128,
-                                                              repeats=repeats))
-    profiles = solve(res.runs, batch=batch, simulated=res.simulated)
-    row, _ = measure_row_cost(runner, target, 1, batch, profiles[min(profiles)], buckets)
-    if row is not None:
-        at = measured_context(profiles[min(profiles)])
-        profiles = {b: dataclasses.replace(p, row_s=row.value, row_context=at) for b, p in profiles.items()}
-    return profiles
 
 
 def summary(x_s: list[float]) -> str:
@@ -101,7 +85,7 @@ def main(argv=None) -> int:
         runner = get_runner(target)
         runner.check_mode("continuous")
         policy = target.bucket_policy
-        profiles = profile(runner, target, buckets, args.batch, args.profile_repeats)
+        profiles, _ = probed(runner, target, 1, args.batch, buckets, args.profile_repeats)
         bk = tuple(sorted(buckets))
         prompts = pick(args.prompts, sorted(profiles), "prompts")
         plans = {}

@@ -72,7 +72,7 @@ from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E4
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.drift_check import DriftCheck, checked  # noqa: E402
-from search.measure import (measure_admission, measure_busy_resume, measure_context_cost,  # noqa: E402
+from search.host_costs import (measure_admission, measure_busy_resume, measure_context_cost,  # noqa: E402
                             measure_decode_pace, measure_prefill_tail, measure_resume, measure_row_cost)
 from spaces import Budget, ProfileSettings  # noqa: E402
 from trace_files import trace_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
@@ -214,6 +214,19 @@ class Clock:
         return True
 
 
+def probed(runner, target, tp: int, batch: int, buckets, repeats: int):
+    """A unit's profiles as lensopt's profiling measures them first: the probes, then the host's cost per live
+    row (lens.rows: free slots pay none), kept in every profile; and that cost (None where not measured)."""
+    res = runner.profile(Unit(target, tp, batch), plan_probes(buckets, policy=target.bucket_policy,
+                                                              max_output=128, repeats=repeats))
+    profiles = solve(res.runs, batch=batch, simulated=res.simulated)
+    row, _ = measure_row_cost(runner, target, tp, batch, profiles[min(profiles)], buckets)
+    if row is not None:
+        at = measured_context(profiles[min(profiles)])
+        profiles = {b: dataclasses.replace(p, row_s=row.value, row_context=at) for b, p in profiles.items()}
+    return profiles, row
+
+
 def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: Clock) -> list[dict]:
     """Profile each unit, then predict and serve every workload at every rate."""
     rows = []
@@ -221,14 +234,8 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
         tp, batch = (int(x) for x in spec.split("x"))
         if not clock.allows(f"tp{tp} b{batch}"):
             continue
-        res = runner.profile(Unit(target, tp, batch), plan_probes(buckets, policy=target.bucket_policy,
-                                                                  max_output=128, repeats=args.profile_repeats))
-        profiles = solve(res.runs, batch=batch, simulated=res.simulated)
-        # the host's cost per live row (lens.rows), measured as lensopt's profiling does: free slots pay none
-        row, _ = measure_row_cost(runner, target, tp, batch, profiles[min(profiles)], buckets)
+        profiles, row = probed(runner, target, tp, batch, buckets, args.profile_repeats)
         if row is not None:
-            at = measured_context(profiles[min(profiles)])
-            profiles = {b: dataclasses.replace(p, row_s=row.value, row_context=at) for b, p in profiles.items()}
             print(f"{target.hardware} tp{tp} b{batch}: host cost of a row {row.said()}", file=sys.stderr)
         # what the server's admissions cost against TTFT_b (lens.admission), as lensopt's profiling measures it
         adm, _ = measure_admission(runner, target, tp, batch, profiles, buckets)

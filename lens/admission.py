@@ -163,11 +163,16 @@ def burst_size(batch: int, *, max_prefills: int, prefill: str = PREFILLS[0]) -> 
     return batch if max_prefills == 0 else min(batch, max_prefills)
 
 
+def _probe_tokens(p: BucketProfile) -> int:
+    """Tokens of bucket ``p``'s short probe (``l1``; at least one)."""
+    return max(int(p.l1), 1)
+
+
 def static_workload(p: BucketProfile, batch: int, batches: int = BATCHES) -> Requests:
     """``batches`` full batches of requests as bucket ``p``'s short probe runs them: its prompt, and its ``l1`` tokens
     (a prefill and one decode step; one token where the bucket was too narrow for two)."""
     n = batch * batches
-    return Requests(np.full(n, p.input_len, np.int64), np.full(n, max(int(p.l1), 1), np.int64),
+    return Requests(np.full(n, p.input_len, np.int64), np.full(n, _probe_tokens(p), np.int64),
                     name=f"admission-static-{p.bucket}")
 
 
@@ -243,7 +248,7 @@ def static_times(e2e_s: Sequence[float], batch: int, prefill: str = PREFILLS[0],
     request's end less its decode steps at ``p``'s TBT_b, per prefill call. The first decode step after the prefills
     runs slower than TBT_b, and the solve puts that in the intercept."""
     t = np.asarray(e2e_s, dtype=float).reshape(-1, batch)
-    return (t.max(axis=1) - (max(int(p.l1), 1) - 1) * p.tbt_s) / prefill_calls(batch, prefill)
+    return (t.max(axis=1) - (_probe_tokens(p) - 1) * p.tbt_s) / prefill_calls(batch, prefill)
 
 
 def burst_times(ttft_s: Sequence[float], m: int) -> tuple[np.ndarray, np.ndarray]:
