@@ -227,6 +227,13 @@ def probed(runner, target, tp: int, batch: int, buckets, repeats: int):
     return profiles, row
 
 
+def profiles_said(profiles) -> str:
+    """The solved TTFT_b and TBT_b of each bucket with their spreads, in ms: what every prediction below composes."""
+    return "TTFT_b / TBT_b: " + ", ".join(
+        f"bucket {b} {p.ttft_s * 1e3:.2f} (+- {p.ttft_err_s * 1e3:.2f}) / {p.tbt_s * 1e3:.3f} (+- {p.tbt_err_s * 1e3:.3f}) ms"
+        for b, p in sorted(profiles.items()))
+
+
 def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: Clock) -> list[dict]:
     """Profile each unit, then predict and serve every workload at every rate."""
     rows = []
@@ -235,6 +242,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
         if not clock.allows(f"tp{tp} b{batch}"):
             continue
         profiles, row = probed(runner, target, tp, batch, buckets, args.profile_repeats)
+        print(f"{target.hardware} tp{tp} b{batch}: profiles {profiles_said(profiles)}", file=sys.stderr)
         if row is not None:
             print(f"{target.hardware} tp{tp} b{batch}: host cost of a row {row.said()}", file=sys.stderr)
         # what the server's admissions cost against TTFT_b (lens.admission), as lensopt's profiling measures it

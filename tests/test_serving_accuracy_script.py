@@ -15,6 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "serving_accuracy.py"
 
 
+def space_buckets(text: str) -> list[int]:
+    import tomllib
+
+    return tomllib.loads(text)["space"]["buckets"]
+
+
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
 
@@ -37,6 +43,9 @@ def test_a_space_files_target_gets_the_table_with_its_buckets_and_scheduler(tmp_
                    "--csv", str(out), cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "SIMULATED" in proc.stdout and "within 10%" in proc.stdout
+        # what every prediction composes, printed before the host costs: each bucket's TTFT_b and TBT_b
+        said = [ln for ln in proc.stderr.splitlines() if ln.startswith("inf2 tp1 b4: profiles TTFT_b / TBT_b: ")]
+        assert len(said) == 1 and said[0].count(" ms") == len(space_buckets(body)), said
         rows = list(csv.DictReader(out.open()))
         assert len(rows) == 2 * 7  # two workloads x seven metrics at one rate
         assert {r["unit"] for r in rows} == {"inf2 tp1 b4"}
