@@ -91,13 +91,14 @@ def main(argv=None) -> int:
         plans = {}
         for b in prompts:
             p = profiles[b]
-            holds = [w for w, *_ in decode_windows(profiles, bk, policy)
-                     if admission.busy_plan(p, profiles, bk, policy, batch=args.batch, window=w) is not None]
+            held = {w: admission.busy_plan(p, profiles, bk, policy, batch=args.batch, window=w)
+                    for w, *_ in decode_windows(profiles, bk, policy)}
+            holds = [w for w, plan in held.items() if plan is not None]
             if not holds:
                 raise UserError(f"--prompts {b}: no token-generation window of {list(bk)} holds a carrier with a "
                                 f"lone arrival of that prompt; pick a smaller prompt bucket")
             for w in pick(args.windows, holds, "windows"):
-                plans[b, w] = admission.busy_plan(p, profiles, bk, policy, batch=args.batch, window=w)
+                plans[b, w] = held[w]
         cand = Candidate(1, args.batch, bk, bk)
         sim = " (SIMULATED device)" if runner.simulated else ""
         print(f"{target.runner}{sim} {target.hardware} tp1 b{args.batch}: TTFT_b "

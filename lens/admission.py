@@ -71,7 +71,7 @@ import numpy as np
 
 from .buckets import decode_windows
 from .noise import DRAWS, SEED, rounds_estimate
-from .probes import prefill_calls
+from .probes import intercept, prefill_calls
 from .types import PREFILLS, BucketProfile, Requests
 
 #: rounds of a static call and a served call: two, so that the rounds' disagreement shows a host that drifts
@@ -248,7 +248,7 @@ def static_times(e2e_s: Sequence[float], batch: int, prefill: str = PREFILLS[0],
     request's end less its decode steps at ``p``'s TBT_b, per prefill call. The first decode step after the prefills
     runs slower than TBT_b, and the solve puts that in the intercept."""
     t = np.asarray(e2e_s, dtype=float).reshape(-1, batch)
-    return (t.max(axis=1) - (_probe_tokens(p) - 1) * p.tbt_s) / prefill_calls(batch, prefill)
+    return intercept(t.max(axis=1), p.tbt_s, l1=_probe_tokens(p), calls=prefill_calls(batch, prefill))
 
 
 def burst_times(ttft_s: Sequence[float], m: int) -> tuple[np.ndarray, np.ndarray]:

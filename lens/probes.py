@@ -124,8 +124,13 @@ def derive(t1, t2, *, l1: int, l2: int, calls: int):
     intercept the ``calls`` prefill calls of the batch's prompts (``prefill_calls``).
     """
     tbt = (t2 - t1) / (l2 - l1)
-    ttft = (t1 - (l1 - 1) * tbt) / calls
-    return ttft, tbt
+    return intercept(t1, tbt, l1=l1, calls=calls), tbt
+
+
+def intercept(t1, tbt, *, l1: int, calls: int):
+    """TTFT_b from a short probe's time ``t1`` and the decode step ``tbt``: ``t1`` less its ``l1 - 1`` decode steps,
+    per prefill call (``derive``'s intercept; numbers or arrays alike)."""
+    return (t1 - (l1 - 1) * tbt) / calls
 
 
 @dataclass(frozen=True)
