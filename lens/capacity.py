@@ -24,6 +24,10 @@ from .types import Requests
 MAX_QUEUE_GROWTH = 0.05
 #: the bisection stops when its bracket's ends are within this fraction of each other
 REL_TOL = 0.005
+#: the bracket's lower end: tried first at saturation / GUESS (where most deployments' rate lies above), and at
+#: saturation / TRICKLE only when that one is not sustainable
+GUESS = 4.0
+TRICKLE = 1000.0
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,12 @@ def max_sustainable_rate(
 ) -> RateSearch:
     """Bisection (geometric) for the largest sustainable rate; see the module docstring.
 
-    The bracket starts at [saturation / 1000, 2 x saturation]; the upper end doubles while
-    still sustainable (at most 10 times), then the bracket halves until within ``rel_tol``.
+    The upper end starts at 2 x saturation and doubles while still sustainable (at most 10
+    times); the lower end is saturation / ``GUESS``, or saturation / ``TRICKLE`` when that is
+    not sustainable (and 0 is returned when even a trickle is not). Then the bracket halves
+    until within ``rel_tol``. (The trickle is tried only when needed: at a thousandth of
+    saturation the run spans a thousand times the trace, and a measured decode pace then
+    draws its path over all of it.)
     """
     if not 0 < rel_tol < 1:
         raise UserError(f"rel_tol = {rel_tol}: give a fraction between 0 and 1")
@@ -130,10 +138,7 @@ def max_sustainable_rate(
         points.append(RatePoint(rate, s, v))
         return v
 
-    lo, hi = sat / 1000.0, 2.0 * sat
-    low = check(lo)
-    if not low.sustainable:
-        return RateSearch(0.0, lo, sat, len(points), low.why, tuple(points))
+    lo, hi = 0.0, 2.0 * sat
     top = check(hi)
     for _ in range(10):
         if not top.sustainable:
@@ -143,6 +148,14 @@ def max_sustainable_rate(
     if top.sustainable:  # sustainable far past saturation: only a very short trace does that
         return RateSearch(hi, math.inf, sat, len(points), "", tuple(points))
     why = top.why
+    if not lo:
+        for lo in (sat / GUESS, sat / TRICKLE):
+            low = check(lo)
+            if low.sustainable:
+                break
+            hi, why = lo, low.why
+        else:
+            return RateSearch(0.0, hi, sat, len(points), why, tuple(points))
     while hi / lo > 1.0 + rel_tol:
         mid = math.sqrt(lo * hi)
         v = check(mid)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -46,7 +47,6 @@ import numpy as np
 
 from . import decode_pace, prefill_tail
 from .buckets import select_index
-from .busy_resume import after_pass
 from .compose import UnitTable, check_fit
 from .decode_pace import Pace
 from .errors import UserError
@@ -152,7 +152,8 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
         batched=table.prefill == "batched", row_s=row_s,
         admit=(table.admit_first_s, table.admit_next_s, table.admit_busy_s), kv=kv,
-        resume=curve(table.resume_s, table.resume_idle), busy_resume=table.resume_busy,
+        resume=curve(table.resume_s, table.resume_idle),
+        busy_resume=([float(x) for x, _ in table.resume_busy], [float(c) for _, c in table.resume_busy]),
     )
     start, first, finish, steps, busy, slot_tokens, calls = loop()
     out = [np.empty(n) for _ in range(3)]
@@ -191,7 +192,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
 def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
                 row_s: float = 0.0, admit: tuple[float, float, float] = (0.0, 0.0, 0.0), kv: float = 0.0,
                 resume: tuple[list[float], list[float]] = ([0.0], [0.0]),
-                busy_resume: tuple[tuple[float, float], ...] = (), stretch: list[float] | None = None,
+                busy_resume: tuple[list[float], list[float]] = ([], []), stretch: list[float] | None = None,
                 pace: Pace | None = None):
     """The machine of docs/serving.md over requests sorted by arrival (FIFO order).
 
@@ -203,11 +204,11 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     per context token of each live row per step (``lens.context_cost``; ``cum`` then holds TBT_b less the
     probes' reads, and ``row_s`` the host's part of the row cost); ``resume``: (idle spells, seconds) the first decode
     run after a pass costs beyond its steps by the idle spell before the pass (``lens.resume.curve``);
-    ``busy_resume``: (a pass's seconds, what it costs) by the pass's largest prefill (``lens.busy_resume``; empty:
-    a busy pass costs the shortest spell's); ``stretch``: per request, the fraction its prefill takes beyond
-    TTFT_b (``lens.prefill_tail``; a batched call takes its first row's); ``pace``: the device's pace over the
-    run's clock: a decode run (its resume cost included) takes the wall time in which the path does its composed
-    seconds (``lens.decode_pace``).
+    ``busy_resume``: (passes' seconds, what each costs) by the pass's largest prefill (``lens.busy_resume``'s pairs
+    split, interpolated as ``after_pass`` does; empty: a busy pass costs the shortest spell's); ``stretch``: per
+    request, the fraction its prefill takes beyond TTFT_b (``lens.prefill_tail``; a batched call takes its first
+    row's); ``pace``: the device's pace over the run's clock: a decode run (its resume cost included) takes the wall
+    time in which the path does its composed seconds (``lens.decode_pace``).
     Returns per-request admission, first-token and last-token times, the number of decode
     steps, the busy seconds, the KV positions the decode steps computed (for padding) and
     the bucket index of every batched prefill call.
@@ -215,6 +216,7 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     n = len(arr)
     arr_l, lin_l, lout_l, ci_l = arr.tolist(), lin.tolist(), lout.tolist(), ci.tolist()
     ttft_l = ttft.tolist()
+    cum, cum_slots = cum.tolist(), cum_slots.tolist()  # (the same float64 sums: scalar reads of a list are cheaper)
     grow = stretch if stretch is not None else [0.0] * n
     pre_l = [ttft_l[c] * (1.0 + x) for c, x in zip(ci_l, grow)]
     calls: list[int] = []
@@ -230,12 +232,11 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
     pending = 0.0  # the resume cost the next decode run pays (a pass has stopped the decode since the last one)
     # the idle seconds the device has waited for an arrival since its last pass (0: none; a run starts idle)
     spell = math.inf
-    searchsorted = np.searchsorted
 
     def run_s(c: int, k: int, g: int, free: int, nlive: int, sb: int) -> float:
         """Seconds of k steps from global step g with a fixed live set (longest context c)."""
         reads = k * (sb + nlive * g) + nlive * k * (k + 1) // 2  # context tokens the live rows hold over them
-        return float(cum[c + k] - cum[c]) - k * free * row_s + kv * reads
+        return cum[c + k] - cum[c] - k * free * row_s + kv * reads
 
     while done < n:
         # -- admission: free slots take waiting requests (FIFO)
@@ -279,9 +280,9 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
                 heapq.heappush(bases, (g - lin_l[i], i))
                 sb += lin_l[i] - g
             # the decode resumes after this pass (no live row: no decode, and it is dropped below)
-            if busy_resume:
+            if busy_resume[0]:
                 largest = call_s if batched else max(pre_l[i] for i in took)
-                by_pass = after_pass(largest + admit[2], busy_resume)
+                by_pass = after_idle(largest + admit[2], *busy_resume)
                 pending = max(after_idle(spell, *resume), by_pass) if spell else by_pass
             else:
                 pending = after_idle(spell, *resume)
@@ -316,15 +317,15 @@ def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: in
             else:
                 # (steps made cheaper by the free slots' row cost take more of them to reach the
                 # arrival: the next pass of the loop runs the rest)
-                x = int(searchsorted(cum, cum[c] + wait, side="left"))
+                x = bisect_left(cum, cum[c] + wait)
                 k = max(1, min(k, x - c))
-        dt = (run_s(c, k, g, free, nlive, sb) if kv else float(cum[c + k] - cum[c]) - k * free * row_s) + pending
+        dt = (run_s(c, k, g, free, nlive, sb) if kv else cum[c + k] - cum[c] - k * free * row_s) + pending
         if pace is not None:
             dt = pace.wall(w0 + dt) - t
         pending = 0.0
         t += dt
         busy += dt
-        slot_tokens += float(cum_slots[c + k] - cum_slots[c])
+        slot_tokens += cum_slots[c + k] - cum_slots[c]
         g += k
         while ends and ends[0][0] == g:
             _, i = heapq.heappop(ends)

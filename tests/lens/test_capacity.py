@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from lens import arrivals
-from lens.capacity import judge, max_sustainable_rate, saturation_rate, sweep
+from lens.capacity import at_rate, evaluate, judge, max_sustainable_rate, saturation_rate, sweep
 from lens.errors import UserError
 from lens.serving import Scheduler, predict_serving
 from lens.serving_metrics import RequestSLO, queue_growth, summarize_serving, summarize_serving_prediction
@@ -109,6 +109,28 @@ def test_bisection_finds_the_slo_boundary():
     assert r.upper_req_s / r.rate_req_s <= 1.005 + 1e-12
     assert r.why_not.startswith("ttft_p90_s")
     assert all(p.verdict.sustainable == (p.rate_req_s <= edge) for p in r.points)
+    # sustainable at a quarter of saturation: the bracket's low end, no trickle predicted below it
+    assert min(p.rate_req_s for p in r.points) == pytest.approx(r.saturation_req_s / 4)
+
+
+def test_a_boundary_below_a_quarter_of_saturation_is_bracketed_from_a_trickle():
+    # Poisson arrivals into one slot: a prompt alone waits 1.0 s for its first token, and from a quarter of
+    # saturation more than a tenth of them queue behind another (so a p90 TTFT of 1.2 s holds only lower)
+    unit = arrivals.unit_gaps(N, seed=0)
+    slo = {"ttft_p90_s": 1.2}
+    r = max_sustainable_rate(table(1), SAME, unit_arrival_s=unit, scheduler=Scheduler(), slo=slo)
+    sat = r.saturation_req_s
+    assert [p.rate_req_s for p in r.points[1:3]] == pytest.approx([sat / 4, sat / 1000])
+    assert not r.points[1].verdict.sustainable and r.points[2].verdict.sustainable
+    assert 0 < r.rate_req_s < r.upper_req_s <= r.rate_req_s * 1.005 + 1e-12 and r.upper_req_s < sat / 4
+    assert r.why_not.startswith("ttft_p90_s")
+    # the boundary it found is where a scan of the same predictions crosses it
+    grid = np.geomspace(sat / 1000, sat / 4, 60)
+    ok = [evaluate(
+        table(1), at_rate(SAME, unit, x), scheduler=Scheduler(), chips=1, slo=slo)[1].sustainable for x in grid]
+    crossing = grid[ok.index(False)]
+    assert ok[0] and not any(ok[ok.index(False):])  # monotone in the rate, as the bisection assumes
+    assert grid[ok.index(False) - 1] <= r.upper_req_s and r.rate_req_s <= crossing
 
 
 def test_an_slo_no_rate_meets_gives_zero():
