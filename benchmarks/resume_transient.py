@@ -8,7 +8,7 @@ prefill beside each round with it) and the excess of those steps over as many st
 what a served pass that stops a running decode costs the decode that follows it, by the
 size of its prefill. ``--repeats`` rounds, median per step.
 
-    python benchmarks/resume_transient.py [--batch 4] [--steps 24] [--repeats 8] [--gpu]
+    python benchmarks/resume_transient.py [--batch 4] [--steps 24] [--repeats 8] [--buckets 64,128] [--gpu]
 
 Real XLA execution (the quickstart model on this CPU; ``--gpu``: the Llama-3.2-1B shape of
 ``serving_accuracy.py --gpu`` on the GPU JAX sees).
@@ -26,6 +26,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lens.errors import UserError  # noqa: E402
+from search.cli_common import int_list  # noqa: E402
 from serving_accuracy import setup  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
@@ -79,11 +81,24 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--buckets", help="the buckets to run, decode and prefill, comma separated: some of the "
+                                      "target's (default: all of them)")
     ap.add_argument("--gpu", action="store_true")
     args = ap.parse_args(argv)
     from runners import get_runner
 
     target, buckets, _ = setup("jax", "", args.gpu)
+    if args.buckets is not None:
+        try:
+            want = int_list(args.buckets, flag="--buckets")
+        except UserError as exc:
+            print(f"resume_transient: {exc}", file=sys.stderr)
+            return 2
+        if not set(want) <= set(buckets):
+            print(f"resume_transient: --buckets {args.buckets}: {sorted(set(want) - set(buckets))} not among the "
+                  f"target's buckets {', '.join(map(str, buckets))}; give some of those", file=sys.stderr)
+            return 2
+        buckets = tuple(sorted(set(want)))
     if args.gpu:
         import jax
 
