@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# test workers (pytest-xdist); 1 runs the suite in this process, one test after another
+TEST_WORKERS ?= 2
 STAMP  := $(VENV)/.installed
 
 .PHONY: demo test bench clean
@@ -16,7 +18,11 @@ demo: $(STAMP)
 	$(VENV)/bin/lensopt run spaces/quickstart.toml
 
 test: $(STAMP)
+ifeq ($(TEST_WORKERS),1)
 	$(PY) -m pytest -q
+else
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+endif
 
 bench: $(STAMP)
 	$(PY) benchmarks/accuracy.py
