@@ -15,7 +15,7 @@ import numpy as np
 
 from lens.arrivals import mean_rate
 from lens.buckets import decode_contexts, used_buckets
-from lens.capacity import max_sustainable_rate
+from lens.capacity import RateSearch, max_sustainable_rate
 from lens.compose import Prediction, UnitTable, predict
 from lens.errors import LensoptError
 from lens.metrics import summarize_prediction
@@ -46,6 +46,9 @@ class Evaluation:
     prediction: Prediction | ServingPrediction | None = field(default=None, compare=False, repr=False)
     #: metric -> (low, high) from the profiles' +- (``Evaluator.evaluate(interval=True)``); empty when not asked
     bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
+    #: the bisection behind ``sustainable_rate_req_s`` (continuous serving with the sustainable rate as the
+    #: objective; None otherwise)
+    capacity: RateSearch | None = field(default=None, compare=False, repr=False)
 
     @property
     def measured(self) -> bool:
@@ -235,12 +238,13 @@ class Evaluator:
                                   prefill=self.space.target.prefill)
             if self.continuous:
                 pred = predict_serving(tbl, self.requests, scheduler=self.space.target.scheduler)
-                metrics = self._serving_metrics(c, tbl, pred)
+                metrics, capacity = self._serving_metrics(c, tbl, pred)
                 # the band: the same machine on the profiles one standard error below and above
                 ends = [self._serving_metrics(c, t, predict_serving(t, self.requests,
-                                                                   scheduler=self.space.target.scheduler))
+                                                                   scheduler=self.space.target.scheduler))[0]
                         for t in (tbl.shifted(-1.0), tbl.shifted(1.0))] if interval else None
             else:
+                capacity = None
                 pred = predict(tbl, self.requests, mode=self.space.target.batching, interval=interval)
                 metrics = self._metrics(c, pred)
                 ends = ([self._metrics(c, pred.low), self._metrics(c, pred.high)]
@@ -256,7 +260,7 @@ class Evaluator:
             lo, hi = ends
             bounds = {k: (min(lo[k], hi[k], metrics[k]), max(lo[k], hi[k], metrics[k])) for k in metrics
                       if isinstance(metrics[k], float) and k in lo and k in hi}
-        return Evaluation(c, metrics=metrics, source=source, prediction=pred, bounds=bounds)
+        return Evaluation(c, metrics=metrics, source=source, prediction=pred, bounds=bounds, capacity=capacity)
 
     def _metrics(self, c: Candidate, pred: Prediction) -> dict:
         return self._per_host(c, summarize_prediction(self.requests, pred, chips=c.tp))
@@ -267,14 +271,17 @@ class Evaluator:
             metrics["throughput_tok_s_per_host"] = metrics["throughput_tok_s_per_chip"] * (cph // c.tp) * c.tp
         return metrics
 
-    def _serving_metrics(self, c: Candidate, tbl: UnitTable, pred: ServingPrediction) -> dict[str, float]:
+    def _serving_metrics(self, c: Candidate, tbl: UnitTable,
+                         pred: ServingPrediction) -> tuple[dict[str, float], RateSearch | None]:
+        """The summary of ``pred``, and the sustainable-rate bisection when that is the objective."""
         sp = self.space
         metrics = summarize_serving_prediction(self.requests, pred, chips=c.tp, slo=self.request_slo)
+        found = None
         if sp.objectives.throughput == "sustainable_rate_req_s_per_chip":
             found = self.sustainable(c, tbl)
             metrics["sustainable_rate_req_s"] = found.rate_req_s
             metrics["sustainable_rate_req_s_per_chip"] = found.rate_req_s / c.tp
-        return self._per_host(c, metrics)
+        return self._per_host(c, metrics), found
 
     def table(self, c: Candidate) -> UnitTable:
         """The per-bucket numbers of a candidate that has profiles (measured, or from a prior)."""
@@ -283,7 +290,7 @@ class Evaluator:
             raise LensoptError(f"no profiles for {c.label()}")
         return UnitTable.build(c, prof, policy=self.space.target.bucket_policy, prefill=self.space.target.prefill)
 
-    def sustainable(self, c: Candidate, tbl: UnitTable | None = None):
+    def sustainable(self, c: Candidate, tbl: UnitTable | None = None) -> RateSearch:
         """The largest sustainable rate of ``c`` on this workload's arrival pattern (``lens.capacity``)."""
         tbl = self.table(c) if tbl is None else tbl
         return max_sustainable_rate(tbl, self.requests, unit_arrival_s=self.unit_arrival_s,

@@ -48,7 +48,8 @@ def rate_sweep(front: Sequence[Evaluation], ev: Evaluator, space: Space) -> Rate
     for e in picks:
         c = e.candidate
         tables[c] = ev.table(c)
-        found = ev.sustainable(c, tables[c])
+        # (the evaluation's own bisection where the sustainable rate is its objective: the same table)
+        found = e.capacity if e.capacity is not None else ev.sustainable(c, tables[c])
         caps.append({"candidate": c.label(), "tp": c.tp, "batch": c.batch,
                      "saturation_req_s": saturation_rate(tables[c], ev.requests, scheduler=sched),
                      "sustainable_rate_req_s": found.rate_req_s,

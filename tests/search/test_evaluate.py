@@ -56,3 +56,32 @@ def test_a_confirmation_predicts_again_knowing_every_measured_unit():
     assert again.metrics["e2e_p90_s"] == pytest.approx(1.2 * before.metrics["e2e_p90_s"], rel=1e-6)
     # without the batch-16 unit nothing shows that 4096 fits, and nothing predicts the candidate
     assert repredicted(sp, reqs, {(1, 8): measured[(1, 8)]}, c, fresh).prediction is None
+
+
+def test_the_rate_sweep_reuses_an_evaluations_own_bisection(monkeypatch):
+    """Where the sustainable rate is the objective, the evaluation keeps its bisection and the sweep reads it
+    (the same table); a front read back without one is bisected afresh, to the same rate."""
+    import dataclasses
+
+    from lens import arrivals
+    from search.sweep import rate_sweep
+    from spaces import Objectives
+
+    base = space(1e6)
+    sp = dataclasses.replace(base, target=dataclasses.replace(base.target, serving="continuous"),
+                             objectives=Objectives(throughput="sustainable_rate_req_s_per_chip", latency="ttft_p90_s"),
+                             slo=(("ttft_p90_s", 2.0),))
+    n = 40
+    req = Requests(np.full(n, 100), np.full(n, 20), arrivals.poisson(n, rate=2.0, seed=0))
+    ev = Evaluator(sp, req)
+    ev.set_measured((1, 8), {256: _bp(256, 0.05, 0.01), 4096: _bp(4096, 0.5, 0.02)})
+    e = ev.evaluate(Candidate(1, 8, ctx_buckets=(256, 4096), tkg_buckets=(256, 4096)))
+    assert e.capacity is not None and e.metrics["sustainable_rate_req_s"] == e.capacity.rate_req_s > 0
+    calls = []
+    bisect = Evaluator.sustainable
+    monkeypatch.setattr(Evaluator, "sustainable", lambda self, c, tbl=None: calls.append(c) or bisect(self, c, tbl))
+    kept = rate_sweep([e], ev, sp).capacity.iloc[0]
+    assert calls == [] and kept["sustainable_rate_req_s"] == e.capacity.rate_req_s
+    assert kept["limited_by"] == e.capacity.why_not
+    again = rate_sweep([dataclasses.replace(e, capacity=None)], ev, sp).capacity.iloc[0]
+    assert calls == [e.candidate] and again["sustainable_rate_req_s"] == kept["sustainable_rate_req_s"]
