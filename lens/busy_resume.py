@@ -58,7 +58,7 @@ import numpy as np
 
 from .buckets import decode_windows
 from .noise import DRAWS, SEED, rounds_estimate
-from .resume import after_idle
+from .resume import after_idle, split
 from .types import BucketProfile, Requests
 
 #: the most context-encoding buckets measured (the smallest and the largest, evenly between them)
@@ -136,7 +136,7 @@ def after_pass(pass_s: float, pairs: Sequence[tuple[float, float]]) -> float:
     """What the first decode run after a busy pass whose largest prefill takes ``pass_s`` seconds costs beyond its
     steps: ``pairs`` (``BusyResume.by_pass``, non-empty) interpolated by pass seconds, flat beyond either end (as
     ``lens.resume.after_idle`` does by idle seconds)."""
-    return after_idle(pass_s, [float(x) for x, _ in pairs], [float(c) for _, c in pairs])
+    return after_idle(pass_s, *split(pairs))
 
 
 def levels(profiles: Mapping[int, BucketProfile], buckets: Sequence[int], most: int = LEVELS) -> list[int]:

@@ -138,7 +138,7 @@ def max_sustainable_rate(
         points.append(RatePoint(rate, s, v))
         return v
 
-    lo, hi = 0.0, 2.0 * sat
+    lo, hi = 0.0, 2.0 * sat  # lo: the largest rate found sustainable so far (0: none yet)
     top = check(hi)
     for _ in range(10):
         if not top.sustainable:

@@ -125,11 +125,16 @@ def unit_by_pass(profiles: Sequence[BucketProfile]) -> tuple[tuple[float, float]
     return next((p.resume_busy for p in profiles if p.resume_busy), ())
 
 
+def split(pairs: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """(x, cost) pairs as the two lists ``after_idle`` interpolates over (empty for none)."""
+    return [float(x) for x, _ in pairs], [float(c) for _, c in pairs]
+
+
 def curve(resume_s: float, by_idle: Sequence[tuple[float, float]] = ()) -> tuple[list[float], list[float]]:
     """(idle spells, costs) for ``after_idle``: the measured ones, or ``resume_s`` after any spell without them."""
     if not by_idle:
         return [0.0], [resume_s]
-    return [float(i) for i, _ in by_idle], [float(c) for _, c in by_idle]
+    return split(by_idle)
 
 
 def after_idle(idle_s: float, spells: list[float], costs: list[float]) -> float:

@@ -50,7 +50,7 @@ from .buckets import select_index
 from .compose import UnitTable, check_fit
 from .decode_pace import Pace
 from .errors import UserError
-from .resume import after_idle, curve
+from .resume import after_idle, curve, split
 from .types import Requests, Scheduler
 
 #: slack when comparing the device clock with an arrival (the clock is a sum of floats)
@@ -152,8 +152,7 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
         batch=table.batch, cap=scheduler.max_prefills, eager=scheduler.prefill_priority == "prefill",
         batched=table.prefill == "batched", row_s=row_s,
         admit=(table.admit_first_s, table.admit_next_s, table.admit_busy_s), kv=kv,
-        resume=curve(table.resume_s, table.resume_idle),
-        busy_resume=([float(x) for x, _ in table.resume_busy], [float(c) for _, c in table.resume_busy]),
+        resume=curve(table.resume_s, table.resume_idle), busy_resume=split(table.resume_busy),
     )
     start, first, finish, steps, busy, slot_tokens, calls = loop()
     out = [np.empty(n) for _ in range(3)]
