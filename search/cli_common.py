@@ -12,7 +12,7 @@ import numpy as np
 from lens.errors import UserError
 from lens.types import BATCHING, SERVING_MODES, Candidate, Requests, Target
 from spaces import Space, WorkloadDescription, load_requests, load_space
-from spaces.schema import WorkloadSpec, flag_help
+from spaces.schema import WorkloadSpec, flag_help, meta
 
 
 _INT64_MAX = 2**63 - 1
@@ -75,7 +75,9 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
                    help=flag_help(WorkloadSpec, "drop_longer", "drop sampled requests longer than the largest of "
                                                                "--buckets instead of stopping with an error"))
     p.add_argument("--mode", choices=BATCHING + SERVING_MODES[1:],
-                   help=flag_help(Target, "batching") + "; continuous: " + flag_help(Target, "serving"))
+                   help=meta(Target, "batching")["help"] + ", or continuous (target.serving = \"continuous\": "
+                        "requests take free slots as they arrive, docs/serving.md) (default: continuous when the "
+                        "space's target.serving is, else its target.batching, static if the file leaves both out)")
 
 
 def space_and_unit(args) -> tuple[Space, int, int]:

@@ -18,6 +18,7 @@ from lens.errors import UserError
 from lens.serving_metrics import RequestSLO
 from lens.types import Requests
 from spaces import Space, WorkloadSpec
+from spaces.workload import check_arrival_flags
 from spaces.schema import flag_help
 
 from .cli_common import fmt_s
@@ -52,10 +53,7 @@ def with_arrivals(args, space: Space, requests: Requests) -> tuple[Requests, str
     w = space.workload or WorkloadSpec()
     rate = args.request_rate if args.request_rate is not None else w.arrival_rate
     burst = args.burstiness if args.burstiness is not None else w.burstiness
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise UserError(f"--request-rate {rate:g}: give requests per second > 0")
-    if not (math.isfinite(burst) and burst > 0):
-        raise UserError(f"--burstiness {burst:g}: give a number > 0 (1 = Poisson)")
+    check_arrival_flags(args.request_rate, args.burstiness)  # the space's own were checked as it loaded
     try:
         seed = args.seed if args.seed is not None else w.seed
         return arrivals.assign(requests, rate=rate, burstiness=burst, seed=seed)

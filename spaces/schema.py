@@ -59,7 +59,7 @@ class SearchSpace:
 class WorkloadSpec:
     trace: Path | None = setting(None, str, help="a trace file (CSV or JSONL), relative to the space file")
     distribution: str | None = setting(None, str, help="a built-in workload name")
-    requests: int = setting(DEFAULT_REQUESTS, int, min=1, max=MAX_REQUESTS, hint="sample fewer requests",
+    requests: int = setting(DEFAULT_REQUESTS, int, min=1, max=MAX_REQUESTS, hint="the number of requests sampled",
                             help="workload sample size")
     seed: int = setting(0, int, min=0, help="workload sampling seed")
     input_column: str | None = setting(None, str, help="a trace's input-length column (auto-detected when unset)")

@@ -52,10 +52,16 @@ class WorkloadDescription:
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
 
 
-def _check_flag(flag: str, name: str, value: int | None) -> None:
+def _check_flag(flag: str, name: str, value: float | None) -> None:
     why = None if value is None else check(WorkloadSpec, name, value)
     if why:
-        raise UserError(f"{flag} {value} {why}")
+        raise UserError(f"{flag} {value:g} {why}" if isinstance(value, float) else f"{flag} {value} {why}")
+
+
+def check_arrival_flags(arrival_rate: float | None, burstiness: float | None) -> None:
+    """Refuse a ``--request-rate`` or ``--burstiness`` outside its [workload] setting's bounds, naming the flag."""
+    _check_flag("--request-rate", "arrival_rate", arrival_rate)
+    _check_flag("--burstiness", "burstiness", burstiness)
 
 
 def load_requests(space: Space, *, workload: str | None = None, requests: int | None = None,
@@ -78,6 +84,7 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
     _check_flag("--requests", "requests", requests)
     _check_flag("--seed", "seed", seed)
     _check_flag("--length-scale", "length_scale", length_scale)
+    check_arrival_flags(arrival_rate, burstiness)
     given = spec or WorkloadSpec()
     scale_by = length_scale if length_scale is not None else given.length_scale
     drop = drop_longer if drop_longer is not None else given.drop_longer
@@ -129,8 +136,7 @@ def load_requests(space: Space, *, workload: str | None = None, requests: int | 
             fitted, how, rate = arrivals.assign(fitted, rate=rate, seed=s,
                                                 burstiness=burstiness if burstiness is not None else given.burstiness)
         except UserError as exc:
-            where = "--request-rate / workload.arrival_rate" if arrival_rate is not None else "workload.arrival_rate"
-            raise UserError(f"{space.path}: [workload] {src}: {exc} ({where})") from None
+            raise UserError(f"{space.path}: [workload] {src}: {exc}") from None
     return fitted, WorkloadDescription(
         source=str(src), requests=n, seed=s, length_scale=scale, dropped_longer=dropped or None,
         override=workload is not None, arrivals=how, arrival_rate=rate,

@@ -104,7 +104,9 @@ def test_measure_continuous_grades_the_serving_prediction_and_reports_the_drift(
 @pytest.mark.parametrize(("extra", "message"), [
     (["--request-rate", "3"], "--request-rate is read by --mode continuous only"),
     (["--mode", "continuous"], "continuous serving needs arrival times"),
-    (["--mode", "continuous", "--request-rate", "0"], "--request-rate 0: give requests per second > 0"),
+    (["--mode", "continuous", "--request-rate", "0"], "--request-rate 0 must be a positive number (requests per second)"),
+    (["--mode", "continuous", "--request-rate", "nan"], "--request-rate nan must be a positive number"),
+    (["--mode", "continuous", "--request-rate", "2", "--burstiness", "0"], "--burstiness 0 must be a positive number"),
     (["--mode", "continuous", "--request-rate", "2", "--goodput", "itl:5"], "--goodput 'itl:5': give KEY:MILLISECONDS"),
     (["--mode", "continuous", "--request-rate", "2", "--goodput", "ttft:-1"], "positive number of milliseconds"),
 ])
@@ -114,6 +116,19 @@ def test_serving_flag_errors_are_one_line_exit_2(profiled, capsys, extra, messag
     assert main(["predict", str(space), *UNIT, *reqs, *extra, "--cache", str(cache)]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--request-rate", "-1"], "--request-rate -1 must be a positive number (requests per second)"),
+    (["--request-rate", "2", "--burstiness", "inf"], "--burstiness inf is more than 1,000 (1 is a Poisson process)"),
+])
+def test_arrival_flag_errors_name_the_flag_with_a_workload(profiled, capsys, extra, message):
+    """A sampled workload's bad rate is the flag's mistake, not the space file's: the error says so."""
+    space, cache = profiled
+    assert main(["predict", str(space), *UNIT, *work(space), "--mode", "continuous", *extra,
+                 "--cache", str(cache)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(message) and str(space) not in err and "\n" not in err
 
 
 def test_measure_refuses_continuous_for_a_program_that_does_not_declare_it(tmp_path, capsys):
