@@ -287,6 +287,9 @@ class BucketProfile:
     #: exp(-lag / tau); 0: no correlation seen)
     decode_pace_window_s: float = 0.0
     decode_pace_tau_s: float = 0.0
+    #: the version of the host-cost measurements (row_s onwards) that measured this profile (lens.methods; 0: stored
+    #: before versions were recorded, its method unknown)
+    host_costs_method: int = 0
 
     @property
     def rel_err(self) -> float:

@@ -106,6 +106,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 "fingerprint": r["fingerprint"], "tp": int(r["tp"]), "batch": int(r["batch"]),
                 "buckets": [int(b) for b in r["buckets"]], "runner": r["runner"], "host": r["host"],
                 "measured_at": float(r["measured_at"]), "simulated": bool(r["simulated"]),
+                "host_costs_method": int(r["host_costs_method"]),
                 "compile_s": None if math.isnan(r["compile_s"]) else float(r["compile_s"]),
                 "run_s": None if math.isnan(r["run_s"]) else float(r["run_s"]),
             })
@@ -121,10 +122,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not units.empty:
         rows = [
             [r.fingerprint, str(r.tp), str(r.batch), ",".join(map(str, r.buckets)),
-             r.runner, r.host, _when(r.measured_at)]
+             r.runner, r.host, _when(r.measured_at), str(r.host_costs_method) if r.host_costs_method else "unknown"]
             for r in units.itertuples(index=False)
         ]
-        print(_table(["fingerprint", "tp", "batch", "buckets", "runner", "host", "measured_at"], rows, right={1, 2}))
+        print(_table(["fingerprint", "tp", "batch", "buckets", "runner", "host", "measured_at", "method"], rows,
+                     right={1, 2}))
     n_prof = int(units["n_buckets"].sum()) if not units.empty else 0
     summary = f"{len(units)} unit{'s' * (len(units) != 1)}, {n_prof} profile{'s' * (n_prof != 1)}"
     if not failed.empty:

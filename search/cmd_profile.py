@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from lens import methods
 from lens.compose import UnitTable, predict
 from lens.drift import REFERENCE_ONLY, REPROFILED, RESCALED, SIDE_BY_SIDE
 from lens.errors import MissingProfiles
@@ -193,7 +194,8 @@ def cmd_profile(args) -> int:
     return 0
 
 
-def _load_table(args, space, cand, runner) -> UnitTable:
+def _load_table(args, space, cand, runner) -> tuple[UnitTable, dict]:
+    """The unit's table, and the cached profiles it is built from."""
     fp = runner.fingerprint()
     path = resolve_cache_path(args.cache)
     profiles = {}
@@ -201,7 +203,8 @@ def _load_table(args, space, cand, runner) -> UnitTable:
         with ProfileCache.open(path, create=False) as cache:
             profiles = cache.get_unit(fp, cand.tp, cand.batch)
     try:
-        return UnitTable.build(cand, profiles, policy=space.target.bucket_policy, prefill=space.target.prefill)
+        return UnitTable.build(cand, profiles, policy=space.target.bucket_policy,
+                               prefill=space.target.prefill), profiles
     except MissingProfiles as exc:
         missing = sorted({b for v in exc.missing.values() for b in v})
         cmd = ["lensopt", "profile", str(space.path), "--tp", str(cand.tp), "--batch", str(cand.batch),
@@ -213,6 +216,19 @@ def _load_table(args, space, cand, runner) -> UnitTable:
             f"run: {shlex.join(cmd)}",
             missing=exc.missing,
         ) from None
+
+
+def _note_outdated(args, space, cand, fp: str, profiles: dict, *, serving: bool) -> None:
+    """Say (on stderr) when the unit's cached host costs come from an older way of measuring them, and how to
+    measure them anew (``lens.methods``)."""
+    cache = ["--cache", args.cache] if args.cache else []
+    unit = ["--tp", str(cand.tp), "--batch", str(cand.batch)]
+    rm = ["lensopt", "cache", "rm", "--fingerprint", fp, *unit, *cache]
+    again = ["lensopt", "profile", str(space.path), *unit, "--buckets", ",".join(map(str, sorted(profiles))), *cache]
+    line = methods.advice(profiles, f"tp{cand.tp} b{cand.batch}", f"{shlex.join(rm)} && {shlex.join(again)}",
+                          serving=serving)
+    if line:
+        print(f"note: {line}", file=sys.stderr)
 
 
 def sample_line(desc, n: int) -> str:
@@ -309,7 +325,8 @@ def cmd_predict(args) -> int:
     cand = candidate_from_args(args, space)
     mode, requests, sample, serving = _requests(args, space, cand)
     runner = get_runner(space.target)
-    tbl = _load_table(args, space, cand, runner)
+    tbl, profiles = _load_table(args, space, cand, runner)
+    _note_outdated(args, space, cand, runner.fingerprint(), profiles, serving=serving is not None)
     sources = ",".join(tbl.sources)
     label = f"prediction (LENS from {sources} profiles) for {cand.label()} on {space.target.name}"
     if serving is not None:
@@ -346,6 +363,7 @@ def cmd_measure(args) -> int:
     unit = Unit(target=space.target, tp=tp, batch=batch)
     runner.check_unit(unit)
     profiles = _cached(args, runner, cand)
+    _note_outdated(args, space, cand, runner.fingerprint(), profiles, serving=serving is not None)
     check = DriftCheck.of(space, cand, requests, profiles)
     t0 = time.perf_counter()
     # the cached profiles' prediction: what the passes are judged on, and how long one should take

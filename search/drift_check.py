@@ -94,6 +94,8 @@ class DriftCheck:
     decode_pace_tau_s: float = 0.0
     #: a served pass's first prompt when it stops a running decode (``lens.admission``), carried over as the others
     admit_busy_s: float = 0.0
+    #: the version of the host-cost measurements the carried costs come from (``lens.methods``): their oldest
+    host_costs_method: int = 0
 
     @classmethod
     def of(cls, space: Space, cand: Candidate, requests: Requests,
@@ -127,7 +129,8 @@ class DriftCheck:
                    kv_token_s=kv, row_context=row_context, resume_s=unit_resume(cached), admit_busy_s=busy,
                    resume_idle=unit_by_idle(cached), resume_busy=unit_by_pass(cached),
                    prefill_tail=tail, prefill_tail_median_s=tail_median, decode_pace=pace,
-                   decode_pace_window_s=window, decode_pace_tau_s=tau)
+                   decode_pace_window_s=window, decode_pace_tau_s=tau,
+                   host_costs_method=min((p.host_costs_method for p in cached), default=0))
 
 
 def _bucket_probes(used: Sequence[int], profiles: Mapping[int, BucketProfile], all_buckets: tuple[int, ...],
@@ -271,5 +274,6 @@ def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,
         resume_s=check.resume_s, admit_busy_s=check.admit_busy_s, resume_idle=check.resume_idle,
         resume_busy=check.resume_busy, prefill_tail=check.prefill_tail,
         prefill_tail_median_s=check.prefill_tail_median_s, decode_pace=check.decode_pace,
-        decode_pace_window_s=check.decode_pace_window_s, decode_pace_tau_s=check.decode_pace_tau_s)
+        decode_pace_window_s=check.decode_pace_window_s, decode_pace_tau_s=check.decode_pace_tau_s,
+        host_costs_method=check.host_costs_method)
         for b, f in fits.items()}, ""

@@ -52,7 +52,8 @@ for the search); the caller stores what it returns, whole, in one transaction.
     correlation time), the wander continuous serving's TPOT and E2E percentiles are read over.
     Only as 9.
 
-Steps 6-12 are ``search.host_costs``.
+Steps 6-12 are ``search.host_costs``. Every profile records the version of their method
+(``host_costs_method``, ``lens.methods``), so that a cache can tell values an older one measured.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ from lens import admission as admission_cost
 from lens import busy_resume
 from lens import context_cost
 from lens import decode_pace
+from lens import methods
 from lens import prefill_tail
 from lens import resume as resume_cost
 from lens import rows as row_cost
@@ -333,8 +335,9 @@ def measure_unit(
             f"{', '.join(map(str, history))} repeats; the unit is left out)"
         )
     now = time.time()
-    profiles = {b: to_profile(fits[b], accepted=verdict[b] is None, runner=runner.name, host=result.host,
-                              simulated=result.simulated, measured_at=now) for b in want}
+    profiles = {b: dataclasses.replace(to_profile(fits[b], accepted=verdict[b] is None, runner=runner.name,
+                                                  host=result.host, simulated=result.simulated, measured_at=now),
+                                       host_costs_method=methods.HOST_COSTS) for b in want}
     rows, rows_spent = measure_row_cost(runner, target, tp, batch, profiles[want[0]], want)
     compile_s, run_s = compile_s + rows_spent[0], run_s + rows_spent[1]
     if rows is not None:

@@ -33,6 +33,7 @@ folder that cannot be written (read-only, disk full) stops the search with a
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import time
 from contextlib import contextmanager
@@ -41,6 +42,7 @@ from typing import Callable, Iterator
 
 import pandas as pd
 
+from lens import methods
 from lens.errors import LensoptError, UserError
 from lens.types import Candidate, Requests
 from runners import Runner, get_runner
@@ -254,6 +256,18 @@ class _Search:
         store = TrialStore(self.run_dir / STORE_FILE, study_name=self.run_dir.name, space=self.sp)
         self.study = SearchStudy(self.sp, store, sampler=sampler, study_name=self.run_dir.name)
 
+    def _note_outdated(self) -> None:
+        """Say which cached units hold host costs an older way of measuring gave (lens.methods), and how to have
+        the search measure them anew."""
+        cache = ["--cache", str(self.ledger.cache)]
+        for (tp, b), prof in sorted(self.ev.measured.items()):
+            rm = ["lensopt", "cache", "rm", "--fingerprint", self.ledger.fingerprint, "--tp", str(tp), "--batch",
+                  str(b), *cache]
+            line = methods.advice(prof, f"tp{tp} b{b}", f"{shlex.join(rm)}, and the next search profiles it again",
+                                  serving=self.sp.target.serving == "continuous")
+            if line:
+                self.log(f"note: {line}")
+
     def _units(self) -> list[tuple[int, int]]:
         return [(t, b) for t in self.sp.search.tp for b in self.sp.search.batch]
 
@@ -281,6 +295,7 @@ class _Search:
                  f"{' (SIMULATED)' if self.runner.simulated else ''}, fingerprint {ledger.fingerprint}; "
                  f"{len(self.reqs)} requests ({ledger.workload.source}); "
                  f"{len(self.ev.measured)} of {len(self._units())} units already in the cache {ledger.cache}")
+        self._note_outdated()
         if profile_all:
             todo = {u: list(sp.search.buckets) for u in self._units()
                     if self.ev.infeasible_reason(self._full(*u)) is None}

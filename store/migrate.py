@@ -51,7 +51,9 @@ def fill_added(row: Mapping[str, Any], prefill: str = PREFILLS[0]) -> dict[str, 
             # schema 12: a tail's seconds read as they are, whatever the prompt
             "prefill_tail_median_s": 0.0,
             # schema 13: every decode step took its composed time (no wander of the pace)
-            "decode_pace": "[]", "decode_pace_window_s": 0.0, "decode_pace_tau_s": 0.0}
+            "decode_pace": "[]", "decode_pace_window_s": 0.0, "decode_pace_tau_s": 0.0,
+            # schema 14: stored before the host costs' method was recorded (lens.methods: not known)
+            "host_costs_method": 0}
 
 
 def spreads_from_raw(con: sqlite3.Connection) -> None:

@@ -229,6 +229,7 @@ def _checkers(text: bool) -> dict[str, Callable[[Any], Any]]:
         "prefill_tail_median_s": f,  # the median it lies about (0: its seconds read as they are)
         "decode_pace": lambda v: _pace_json(v, text=text),  # fractions of the mean (lens.decode_pace)
         "decode_pace_window_s": f, "decode_pace_tau_s": f,  # seconds (0: none measured; no correlation seen)
+        "host_costs_method": i(0),  # lens.methods (0: not known)
     }
 
 
@@ -268,7 +269,7 @@ def profile_row(fingerprint: str, tp: int, batch: int, p: BucketProfile) -> tupl
         "admit_busy_s": p.admit_busy_s, "resume_idle": p.resume_idle, "resume_busy": p.resume_busy,
         "prefill_tail": p.prefill_tail, "prefill_tail_median_s": p.prefill_tail_median_s,
         "decode_pace": p.decode_pace, "decode_pace_window_s": p.decode_pace_window_s,
-        "decode_pace_tau_s": p.decode_pace_tau_s,
+        "decode_pace_tau_s": p.decode_pace_tau_s, "host_costs_method": p.host_costs_method,
     }
     out = []
     for col in PROFILE_COLUMNS:
@@ -302,6 +303,7 @@ def to_profile(row: Sequence[Any]) -> BucketProfile:
         prefill_tail_median_s=float(r["prefill_tail_median_s"]),
         decode_pace=tuple(float(x) for x in json.loads(r["decode_pace"])),
         decode_pace_window_s=float(r["decode_pace_window_s"]), decode_pace_tau_s=float(r["decode_pace_tau_s"]),
+        host_costs_method=int(r["host_costs_method"]),
     )
 
 

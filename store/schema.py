@@ -47,6 +47,9 @@ A file of an older schema is brought to :data:`SCHEMA_VERSION` on open by the st
   decode seconds each averages over; ``decode_pace_tau_s``, how fast the pace forgets,
   ``lens.decode_pace``); older profiles get an empty list and 0 (every decode step takes its
   composed time, as they were composed).
+- schema 14: the version of the host-cost measurements that measured each profile
+  (``host_costs_method``, ``lens.methods``); older profiles get 0 (stored before versions
+  were recorded: their method is not known).
 """
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ from typing import Callable
 #: "LENS" in ASCII: marks an SQLite file as a lensopt profile cache
 APPLICATION_ID = 0x4C454E53
 #: the schema this code reads and writes (``PRAGMA user_version``)
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 #: the first 16 bytes of every SQLite database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -75,7 +78,7 @@ PROFILE_COLUMNS = (
     "measured_at", "simulated", "source", "ttft_err_s", "tbt_err_s", "excess", "accepted", "row_s",
     "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s",
     "resume_idle", "resume_busy", "prefill_tail", "prefill_tail_median_s", "decode_pace", "decode_pace_window_s",
-    "decode_pace_tau_s",
+    "decode_pace_tau_s", "host_costs_method",
 )
 #: the columns each schema version added at the end of ``profiles`` (its migration adds them)
 ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted"), 4: ("row_s",),
@@ -83,13 +86,14 @@ ADDED_PROFILE_COLUMNS = {3: ("ttft_err_s", "tbt_err_s", "excess", "accepted"), 4
                          7: ("resume_s",), 8: ("admit_busy_s",), 9: ("resume_idle",),
                          10: ("resume_busy",), 11: ("prefill_tail",),
                          12: ("prefill_tail_median_s",),
-                         13: ("decode_pace", "decode_pace_window_s", "decode_pace_tau_s")}
+                         13: ("decode_pace", "decode_pace_window_s", "decode_pace_tau_s"),
+                         14: ("host_costs_method",)}
 #: the primary key of a profile: the first columns of :data:`PROFILE_COLUMNS`
 PROFILE_KEY = ("fingerprint", "tp", "batch", "bucket")
 #: integer and real columns of ``profiles``; ``simulated`` is 0/1, the rest text
 #: (``raw_t1``/``raw_t2`` are JSON lists of seconds, ``resume_idle`` and ``resume_busy`` lists of [seconds, seconds] pairs,
 #: ``prefill_tail`` one of seconds of either sign, ``decode_pace`` one of fractions of either sign)
-INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats")
+INT_COLUMNS = ("tp", "batch", "bucket", "input_len", "l1", "l2", "repeats", "host_costs_method")
 FLOAT_COLUMNS = ("ttft_s", "tbt_s", "t1_s", "t2_s", "spread", "measured_at", "ttft_err_s", "tbt_err_s", "excess",
                  "row_s", "admit_first_s", "admit_next_s", "kv_token_s", "row_context", "resume_s", "admit_busy_s",
                  "prefill_tail_median_s", "decode_pace_window_s", "decode_pace_tau_s")
@@ -156,6 +160,7 @@ CREATE TABLE profiles (
     decode_pace TEXT    NOT NULL DEFAULT '[]',
     decode_pace_window_s REAL NOT NULL DEFAULT 0,
     decode_pace_tau_s REAL NOT NULL DEFAULT 0,
+    host_costs_method INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (fingerprint, tp, batch, bucket)
 );
 """
@@ -205,6 +210,7 @@ MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = 
     13: ("ALTER TABLE profiles ADD COLUMN decode_pace TEXT NOT NULL DEFAULT '[]'",
          "ALTER TABLE profiles ADD COLUMN decode_pace_window_s REAL NOT NULL DEFAULT 0",
          "ALTER TABLE profiles ADD COLUMN decode_pace_tau_s REAL NOT NULL DEFAULT 0"),
+    14: ("ALTER TABLE profiles ADD COLUMN host_costs_method INTEGER NOT NULL DEFAULT 0",),
 }
 #: the oldest schema a cache may have and still be opened (brought up to date)
 OLDEST_VERSION = 1

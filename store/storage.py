@@ -148,11 +148,12 @@ class ProfileCache:
             raise damaged(self._path, f"unreadable profile rows: {exc}") from None
 
     def units(self) -> pd.DataFrame:
-        """One row per unit holding profiles: its buckets, who measured them, when, and the
+        """One row per unit holding profiles: its buckets, who measured them, when, the oldest version of the
+        host-cost measurements among them (``host_costs_method``, ``lens.methods``; 0: not known) and the
         hardware seconds spent on it (``compile_s``/``run_s``; NaN for imported profiles)."""
         with self._read() as con:
             prof = con.execute(
-                "SELECT fingerprint, tp, batch, bucket, runner, host, measured_at, simulated "
+                "SELECT fingerprint, tp, batch, bucket, runner, host, measured_at, simulated, host_costs_method "
                 "FROM profiles ORDER BY fingerprint, tp, batch, bucket"
             ).fetchall()
             acct = {(r[0], r[1], r[2]): r[3:] for r in con.execute(
@@ -169,14 +170,15 @@ class ProfileCache:
                 "host": ",".join(dict.fromkeys(r[5] for r in g)),
                 "measured_at": max(float(r[6]) for r in g),
                 "simulated": any(bool(r[7]) for r in g),
+                "host_costs_method": min(int(r[8]) for r in g),
                 "compile_s": float(compile_s), "run_s": float(run_s), "created_at": float(created_at),
             })
         cols = ["fingerprint", "tp", "batch", "n_buckets", "buckets", "runner", "host", "measured_at",
-                "simulated", "compile_s", "run_s", "created_at"]
+                "simulated", "host_costs_method", "compile_s", "run_s", "created_at"]
         if not out:
             return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in zip(cols, [
                 "object", "int64", "int64", "int64", "object", "object", "object", "float64",
-                "bool", "float64", "float64", "float64"])})
+                "bool", "int64", "float64", "float64", "float64"])})
         return pd.DataFrame(out, columns=cols)
 
     def integrity_check(self) -> str:

@@ -127,7 +127,7 @@ def _row(**over) -> dict:
            "admit_first_s": 0.0, "admit_next_s": 0.0, "kv_token_s": 0.0, "row_context": 0.0, "resume_s": 0.0,
            "admit_busy_s": 0.0, "resume_idle": "[]", "resume_busy": "[]",
            "prefill_tail": "[]", "prefill_tail_median_s": 0.0, "decode_pace": "[]", "decode_pace_window_s": 0.0,
-           "decode_pace_tau_s": 0.0}
+           "decode_pace_tau_s": 0.0, "host_costs_method": 1}
     row.update(over)
     return row
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -141,3 +142,28 @@ def test_measure_refuses_continuous_for_a_program_that_does_not_declare_it(tmp_p
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "does not run continuous mode; it runs static" in err and "\n" not in err
+
+
+def test_predict_says_when_the_cached_admission_offsets_come_from_an_older_method(profiled, tmp_path, capsys):
+    """A cache filled before lensopt recorded how it measures host costs (schema 13 or older migrates to 0):
+    continuous predictions say so on stderr, with the commands that measure the unit anew; static ones, which
+    read no admission offset, do not."""
+    space, cache = profiled
+    old = tmp_path / "old.sqlite"
+    src = sqlite3.connect(cache)
+    dst = sqlite3.connect(old)
+    src.backup(dst)
+    src.close()
+    assert dst.execute("SELECT COUNT(*) FROM profiles WHERE admit_first_s != 0").fetchone()[0] > 0
+    dst.execute("UPDATE profiles SET host_costs_method = 0")
+    dst.commit()
+    dst.close()
+    serve = ["predict", str(space), *UNIT, *work(space), "--mode", "continuous", "--request-rate", "2"]
+    assert main([*serve, "--cache", str(cache)]) == 0
+    assert "note:" not in capsys.readouterr().err  # measured by this lensopt
+    assert main([*serve, "--cache", str(old)]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("note: the cached tp1 b2's served-admission offsets") and "\n" not in err
+    assert "lensopt cache rm --fingerprint " in err and f"--tp 1 --batch 2 --cache {old} && lensopt profile" in err
+    assert main(["predict", str(space), *UNIT, *work(space), "--mode", "static", "--cache", str(old)]) == 0
+    assert "note:" not in capsys.readouterr().err

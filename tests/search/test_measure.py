@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lens import decode_pace
+from lens import decode_pace, methods
 from lens.prefill_tail import LEVELS
 from lens.probes import fit, plan_probes, probe_window
 from lens.context_cost import STEPS
@@ -86,6 +86,8 @@ def test_a_quiet_device_is_measured_once():
     assert m.attempts == 1 and m.notes == {} and m.noisy == {}
     assert all(p.accepted and p.rel_err < 0.05 for p in m.profiles.values())
     assert set(m.bucket_s) == set(BUCKETS) and all(v > 0 for v in m.bucket_s.values())
+    # every profile records the way this lensopt measures host costs, so a cache can tell an older one
+    assert {p.host_costs_method for p in m.profiles.values()} == {methods.HOST_COSTS}
 
 
 def sim(**options) -> Target:

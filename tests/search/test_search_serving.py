@@ -128,3 +128,32 @@ def test_the_prediction_memo_counts_the_tail_runs_a_serving_prediction_holds():
     assert runs is not None and plain.tail_runs is None
     assert _nbytes(Evaluation(c, prediction=tailed)) == _nbytes(Evaluation(c, prediction=plain)) + sum(
         a.nbytes for a in (runs.admit_s, runs.first_s, runs.finish_s)) > _nbytes(Evaluation(c, prediction=plain))
+
+
+def test_a_search_names_the_cached_units_whose_admission_offsets_an_older_method_may_have_measured(tmp_path):
+    """What a search logs after loading its cached units (``_Search._note_outdated``): one note per unit whose
+    profiles predate the host costs' method (a cache of schema 13 or older migrates to 0), for a served target."""
+    from types import SimpleNamespace
+
+    from lens import methods
+    from lens.types import BucketProfile
+    from search.run import _Search
+
+    def prof(method, admit):
+        return {64: BucketProfile(bucket=64, ttft_s=0.01, tbt_s=0.001, input_len=63, l1=2, l2=64, t1_s=0.1, t2_s=0.2,
+                                  repeats=3, spread=0.0, admit_first_s=admit, host_costs_method=method)}
+
+    measured = {(1, 4): prof(0, 0.0012), (1, 8): prof(methods.HOST_COSTS, 0.0011), (2, 4): prof(0, 0.0)}
+    said = []
+    search = SimpleNamespace(ev=SimpleNamespace(measured=measured), log=said.append,
+                             ledger=SimpleNamespace(cache=tmp_path / "c.sqlite", fingerprint="f" * 16),
+                             sp=SimpleNamespace(target=SimpleNamespace(serving="continuous")))
+    _Search._note_outdated(search)
+    assert len(said) == 1, said  # (1, 8) measured the current way; (2, 4) holds no offset
+    assert said[0].startswith("note: the cached tp1 b4's served-admission offsets (lens.admission) were stored")
+    assert said[0].endswith(f"lensopt cache rm --fingerprint ffffffffffffffff --tp 1 --batch 4 --cache "
+                            f"{tmp_path / 'c.sqlite'}, and the next search profiles it again")
+    said.clear()
+    search.sp.target.serving = "static"  # a static search reads no offset
+    _Search._note_outdated(search)
+    assert said == []

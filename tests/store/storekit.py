@@ -43,6 +43,7 @@ def profile(bucket: int, **kw) -> BucketProfile:
         resume_s=0.005, resume_idle=((0.004, 0.001), (0.1, 0.005)), resume_busy=((0.005, 0.001), (0.04, 0.008)),
         prefill_tail=(-0.001, 0.0, 0.0005, 0.004), prefill_tail_median_s=0.0065,
         decode_pace=(-0.15, -0.02, 0.0, 0.125, 0.5), decode_pace_window_s=0.0875, decode_pace_tau_s=0.25,
+        host_costs_method=1,
     )
     base.update(kw)
     return BucketProfile(**base)

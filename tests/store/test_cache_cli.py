@@ -39,9 +39,11 @@ def test_cli_round_trip(tmp_path, lensopt, capsys):
     assert lensopt("cache", "ls", "--cache", str(db)) == 0
     out = capsys.readouterr().out
     assert "fingerprint" in out and "128,256,512" in out and FP in out and "2 units, 4 profiles" in out
+    assert out.splitlines()[0].split()[-1] == "method" and out.splitlines()[2].split()[-1] == "1"
     assert lensopt("cache", "ls", "--json", "--cache", str(db)) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["tp"], r["buckets"]) for r in rows] == [(2, [128, 256, 512]), (4, [128])]
+    assert [r["host_costs_method"] for r in rows] == [1, 1]
 
     assert lensopt("cache", "export", str(tmp_path / "out.csv"), "--cache", str(db)) == 0
     assert f"exported 4 profiles to {tmp_path / 'out.csv'}" in capsys.readouterr().out

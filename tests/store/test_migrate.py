@@ -58,6 +58,7 @@ def test_a_schema_1_cache_is_migrated_on_open_with_its_profiles_intact(tmp_path,
         assert p.accepted and p.excess == 0.0 and p.row_s == 0.0  # schema 4: no row cost seen
         assert p.admit_first_s == p.admit_next_s == 0.0  # schema 5: admissions as the profile says
         assert p.kv_token_s == p.row_context == 0.0  # schema 6: TBT_b whatever the rows hold
+        assert p.host_costs_method == 0  # schema 14: the host costs' method is not known
         assert p.resume_s == 0.0  # schema 7: the decode resumes at its steady pace
         assert p.admit_busy_s == p.admit_first_s  # schema 8: one offset for both passes, as before
         assert p.resume_idle == ()  # schema 9: one resume cost after any pass, as before
@@ -110,7 +111,7 @@ def test_a_schema_2_cache_keeps_its_failures_and_its_profiles_gain_their_spreads
     assert (p.ttft_err_s, p.tbt_err_s) == (pytest.approx(e1), pytest.approx(e2)) and p.accepted
     assert p.ttft_s == _v1_row(128)[4] and p.tbt_s == _v1_row(128)[5]
     con = sqlite3.connect(path)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
     con.close()
 
 
@@ -133,7 +134,7 @@ def test_a_schema_7_cache_prices_a_busy_pass_as_its_idle_one(tmp_path):
     # schema 8 added admit_busy_s: a cache of before gets each profile's admit_first_s (one offset priced both)
     got = _older(tmp_path / "v7.sqlite", 7,
                  [profile(b, admit_first_s=0.002, admit_next_s=-0.001) for b in (128, 256)],
-                 ("decode_pace_tau_s", "decode_pace_window_s", "decode_pace", "prefill_tail_median_s", "prefill_tail", "resume_busy", "resume_idle", "admit_busy_s"))
+                 ("host_costs_method", "decode_pace_tau_s", "decode_pace_window_s", "decode_pace", "prefill_tail_median_s", "prefill_tail", "resume_busy", "resume_idle", "admit_busy_s"))
     assert sorted(got) == [128, 256]
     assert all(p.admit_busy_s == 0.002 and p.admit_next_s == -0.001 for p in got.values())
 
@@ -142,7 +143,7 @@ def test_a_schema_8_cache_pays_one_resume_cost_after_any_pass(tmp_path):
     # schema 9 added resume_idle: a cache of before gets none (resume_s after any pass, whatever the idle spell)
     got = _older(tmp_path / "v8.sqlite", 8,
                  [profile(b, resume_s=0.004, resume_idle=((0.001, 0.002), (0.03, 0.004))) for b in (128, 256)],
-                 ("decode_pace_tau_s", "decode_pace_window_s", "decode_pace", "prefill_tail_median_s", "prefill_tail", "resume_busy", "resume_idle"))
+                 ("host_costs_method", "decode_pace_tau_s", "decode_pace_window_s", "decode_pace", "prefill_tail_median_s", "prefill_tail", "resume_busy", "resume_idle"))
     assert sorted(got) == [128, 256]
     assert all(p.resume_s == 0.004 and p.resume_idle == () for p in got.values())
     # and a cache of this schema keeps what it was given
@@ -154,7 +155,7 @@ def test_a_schema_8_cache_pays_one_resume_cost_after_any_pass(tmp_path):
 def test_a_schema_9_cache_prices_a_busy_pass_at_the_shortest_idle_spell(tmp_path):
     # schema 10 added resume_busy: a cache of before gets none (a busy pass pays the shortest spell's cost)
     got = _older(tmp_path / "v9b.sqlite", 9, [profile(b, resume_busy=((0.005, 0.001), (0.04, 0.009)))
-                                              for b in (128, 256)], ("decode_pace_tau_s", "decode_pace_window_s", "decode_pace", "prefill_tail_median_s", "prefill_tail", "resume_busy"))
+                                              for b in (128, 256)], ("host_costs_method", "decode_pace_tau_s", "decode_pace_window_s", "decode_pace", "prefill_tail_median_s", "prefill_tail", "resume_busy"))
     assert sorted(got) == [128, 256]
     assert all(p.resume_busy == () and p.resume_idle == ((0.004, 0.001), (0.1, 0.005)) for p in got.values())
     # and a cache of this schema keeps what it was given
@@ -167,13 +168,14 @@ def test_a_schema_10_cache_gives_every_prefill_its_composed_time(tmp_path):
     # schema 11 added prefill_tail: a cache of before gets none (every prefill takes the time the profile composes)
     tail = (-0.002, -0.0005, 0.0, 0.0, 0.003)
     got = _older(tmp_path / "v10b.sqlite", 10, [profile(b, prefill_tail=tail) for b in (128, 256)],
-                 ("decode_pace_tau_s", "decode_pace_window_s", "decode_pace", "prefill_tail_median_s", "prefill_tail"))
+                 ("host_costs_method", "decode_pace_tau_s", "decode_pace_window_s", "decode_pace", "prefill_tail_median_s", "prefill_tail"))
     assert sorted(got) == [128, 256]
     assert all(p.prefill_tail == () and p == profile(p.bucket, prefill_tail=(), prefill_tail_median_s=0.0,
+                                                     host_costs_method=0,
                                                      decode_pace=(), decode_pace_window_s=0.0, decode_pace_tau_s=0.0)
                for p in got.values())
     con = sqlite3.connect(tmp_path / "v10b.sqlite")
-    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
     assert {r[0] for r in con.execute("SELECT prefill_tail FROM profiles")} == {"[]"}
     con.close()
     # and a cache of this schema keeps what it was given
@@ -187,7 +189,7 @@ def test_a_schema_11_cache_reads_its_tail_in_seconds_whatever_the_prompt(tmp_pat
     # are, as they were composed)
     tail = (-0.002, -0.0005, 0.0, 0.0, 0.003)
     got = _older(tmp_path / "v11b.sqlite", 11, [profile(b, prefill_tail=tail) for b in (128, 256)],
-                 ("decode_pace_tau_s", "decode_pace_window_s", "decode_pace", "prefill_tail_median_s",))
+                 ("host_costs_method", "decode_pace_tau_s", "decode_pace_window_s", "decode_pace", "prefill_tail_median_s",))
     assert all(p.prefill_tail == tail and p.prefill_tail_median_s == 0.0 for p in got.values())
     # and a cache of this schema keeps what it was given
     with ProfileCache.open(tmp_path / "v12.sqlite") as c:
@@ -200,12 +202,13 @@ def test_a_schema_12_cache_gives_every_decode_step_its_composed_time(tmp_path):
     # wander (every decode step takes its composed time, as it was composed)
     pace = (-0.2, -0.05, 0.0, 0.1, 0.4)
     got = _older(tmp_path / "v12b.sqlite", 12, [profile(b, decode_pace=pace) for b in (128, 256)],
-                 ("decode_pace_tau_s", "decode_pace_window_s", "decode_pace"))
+                 ("host_costs_method", "decode_pace_tau_s", "decode_pace_window_s", "decode_pace"))
     assert sorted(got) == [128, 256]
-    assert all(p == profile(p.bucket, decode_pace=(), decode_pace_window_s=0.0, decode_pace_tau_s=0.0)
+    assert all(p == profile(p.bucket, decode_pace=(), decode_pace_window_s=0.0, decode_pace_tau_s=0.0,
+                            host_costs_method=0)
                for p in got.values())
     con = sqlite3.connect(tmp_path / "v12b.sqlite")
-    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
     assert {r[0] for r in con.execute("SELECT decode_pace FROM profiles")} == {"[]"}
     con.close()
     # and a cache of this schema keeps what it was given
@@ -213,3 +216,20 @@ def test_a_schema_12_cache_gives_every_decode_step_its_composed_time(tmp_path):
         put(c, profiles=[profile(128, decode_pace=pace, decode_pace_window_s=0.08, decode_pace_tau_s=0.0)])
         got = c.get_unit(FP, 2, 4)[128]
         assert (got.decode_pace, got.decode_pace_window_s, got.decode_pace_tau_s) == (pace, 0.08, 0.0)
+
+
+def test_a_schema_13_cache_does_not_know_how_its_host_costs_were_measured(tmp_path):
+    # schema 14 added host_costs_method: a cache of before keeps every value and gets 0 (its method not known),
+    # which lens.methods reads as older than any version
+    got = _older(tmp_path / "v13b.sqlite", 13, [profile(b, admit_first_s=0.002) for b in (128, 256)],
+                 ("host_costs_method",))
+    assert sorted(got) == [128, 256]
+    assert all(p == profile(p.bucket, admit_first_s=0.002, host_costs_method=0) for p in got.values())
+    con = sqlite3.connect(tmp_path / "v13b.sqlite")
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+    assert {r[0] for r in con.execute("SELECT host_costs_method FROM profiles")} == {0}
+    con.close()
+    # and a cache of this schema keeps what it was given
+    with ProfileCache.open(tmp_path / "v14.sqlite") as c:
+        put(c, profiles=[profile(128, host_costs_method=3)])
+        assert c.get_unit(FP, 2, 4)[128].host_costs_method == 3

@@ -48,6 +48,11 @@ def test_put_again_accumulates_seconds_and_replaces_buckets(cache):
     row = units.iloc[0]
     assert row.compile_s == 11.5 and row.run_s == 5.5
     assert tuple(row.buckets) == (128, 256, 1024) and row.n_buckets == 3
+    assert row.host_costs_method == 1  # every profile's (storekit's)
+    # a unit is as old as its oldest profile's host costs (lens.methods)
+    cache.put_unit(fingerprint=FP, tp=2, batch=4, profiles=[profile(2048, host_costs_method=0)], target={},
+                   runner="sim", versions={}, host="host-b", compile_s=0.0, run_s=0.0)
+    assert cache.units().iloc[0].host_costs_method == 0
 
 
 def test_put_unit_is_atomic(cache):

@@ -75,6 +75,8 @@ def _exported_csv(tmp_path, cache) -> pd.DataFrame:
     ("decode_pace", "[0.1, -0.1]", "the quantiles must not decrease"),
     ("decode_pace_window_s", "-0.08", "negative"),
     ("decode_pace_tau_s", "inf", "not finite"),
+    ("host_costs_method", "-1", "below the minimum 0"),
+    ("host_costs_method", "1.5", "not an integer"),
 ])
 def test_import_bad_value_names_row_and_column(tmp_path, cache, column, value, problem):
     df = _exported_csv(tmp_path, cache)
