@@ -1,11 +1,13 @@
 """``results/<run>/deploy/``: the chosen configuration in the forms its runner takes."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from lens.types import Candidate
-from spaces import Space
+from spaces import Space, WorkloadDescription
+from spaces.schema import WorkloadSpec
 
 
 def _toml_value(v) -> str:
@@ -20,8 +22,30 @@ def _toml_value(v) -> str:
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
-def pinned_space(space: Space, c: Candidate) -> str:
-    """A space file holding only ``c``: ``lensopt measure``/``predict`` take it as is."""
+def _workload_lines(space: Space, drawn: WorkloadDescription | None) -> list[str]:
+    """The [workload] the search drew its requests from (``drawn``: its run.json's, with the command line's
+    --workload, --requests and --seed), every trace as an absolute path (the file lives elsewhere)."""
+    w = space.workload or WorkloadSpec()
+    if drawn is not None:
+        w = dataclasses.replace(w, requests=drawn.requests, seed=drawn.seed)
+        if drawn.override:
+            src = Path(drawn.source)
+            w = (dataclasses.replace(w, trace=src, distribution=None) if src.is_file()
+                 else dataclasses.replace(w, trace=None, distribution=drawn.source))
+    if w.trace is None and w.distribution is None:
+        return []
+    lines = ["", "[workload]"]
+    for f in dataclasses.fields(WorkloadSpec):
+        v = getattr(w, f.name)
+        if v is None or (f.name not in ("trace", "distribution", "requests", "seed") and v == f.default):
+            continue
+        lines.append(f"{f.name} = {_toml_value(str(Path(v).resolve()) if f.name == 'trace' else v)}")
+    return lines
+
+
+def pinned_space(space: Space, c: Candidate, workload: WorkloadDescription | None = None) -> str:
+    """A space file holding only ``c``, with the search's workload, serving and SLOs: ``lensopt measure`` and
+    ``predict`` take it as is (``workload``: the sample the search drew, when it overrode the space's)."""
     t = space.target
     lines = [
         f"# The configuration chosen by lensopt for {t.name}: tp={c.tp}, batch={c.batch},",
@@ -35,10 +59,14 @@ def pinned_space(space: Space, c: Candidate) -> str:
         f"seed = {t.seed}",
         f"batching = {_toml_value(space.target.batching)}",
         f"prefill = {_toml_value(t.prefill)}",
+        f"serving = {_toml_value(t.serving)}",
         "",
         "[target.model]",
         *[f"{k} = {v}" for k, v in t.model.to_dict().items()],
     ]
+    if t.serving == "continuous":
+        lines += ["", "[target.scheduler]", f"max_prefills = {t.scheduler.max_prefills}",
+                  f"prefill_priority = {_toml_value(t.scheduler.prefill_priority)}"]
     if t.options:
         lines += ["", "[target.options]", *[f"{k} = {_toml_value(v)}" for k, v in t.options]]
     tied = c.ctx_buckets == c.tkg_buckets
@@ -48,13 +76,17 @@ def pinned_space(space: Space, c: Candidate) -> str:
         lines += ["# context encoding and token generation use different subsets of these buckets:",
                   "# pass --ctx-buckets / --tkg-buckets to lensopt predict / measure",
                   "tie_buckets = false"]
+    lines += _workload_lines(space, workload)
+    if space.slo:
+        lines += ["", "[slo]", *[f"{k} = {_toml_value(v)}" for k, v in space.slo]]
     return "\n".join(lines) + "\n"
 
 
-def write_deploy(folder: Path, space: Space, candidate: Candidate, runner) -> list[Path]:
+def write_deploy(folder: Path, space: Space, candidate: Candidate, runner,
+                 workload: WorkloadDescription | None = None) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     files = dict(runner.deploy_snippets(candidate))
-    files.setdefault("space.toml", pinned_space(space, candidate))
+    files.setdefault("space.toml", pinned_space(space, candidate, workload))
     out = []
     for name, text in files.items():
         p = folder / name

@@ -269,7 +269,7 @@ def _write_results(run_dir: Path, *, space: Space, runner, ledger: RunLedger, tr
         table = with_capacity(table, front, sweep)
     table.to_csv(run_dir / "pareto.csv", index=False)
     if ledger.chosen is not None:
-        write_deploy(run_dir / "deploy", space, ledger.chosen, runner)
+        write_deploy(run_dir / "deploy", space, ledger.chosen, runner, ledger.workload)
     write_ledger(run_dir, ledger)
     confirm = confirm_table(ledger.confirmed) if ledger.confirmed else None
     if sweep is not None:

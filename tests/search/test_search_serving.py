@@ -3,9 +3,12 @@ workload's arrival rate, the sustainable rate, confirmation under the same arriv
 import json
 
 import pandas as pd
+import pytest
 
 from lens.prefill_tail import LEVELS
 from searchkit import SIM_SPACE
+from spaces import load_space
+from search.cli import main
 from search.cmd_run import _num, print_front
 from search.run import run
 
@@ -74,11 +77,24 @@ def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
     top = front.sort_values("rank").iloc[0]
     line = next(ln for ln in out.splitlines() if ln.split()[:3] == [str(top["rank"]), str(top["tp"]), str(top["batch"])])
     assert _num(top["sustainable_rate_req_s_per_chip"]) in line and _num(top["goodput_req_s_per_chip"]) in line
+    # the deploy space file pins the chosen candidate with the search's serving, scheduler, workload and SLOs:
+    # lensopt predict takes it as is, and predicts what the search did
+    pinned, own = load_space(rd / "deploy" / "space.toml"), load_space(space)
+    assert pinned.target.serving == "continuous" and pinned.target.scheduler == own.target.scheduler
+    assert pinned.workload == own.workload and pinned.slo == own.slo
+    ch = info["chosen"]
+    assert main(["predict", str(rd / "deploy" / "space.toml"), "--tp", str(ch["tp"]), "--batch", str(ch["batch"]),
+                 "--buckets", ",".join(map(str, sorted({*ch["ctx_buckets"], *ch["tkg_buckets"]}))), "--ctx-buckets", ",".join(map(str, ch["ctx_buckets"])), "--tkg-buckets",
+                 ",".join(map(str, ch["tkg_buckets"])), "--cache", str(tmp_path / "cache.sqlite"), "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["mode"] == "continuous" and said["request_rate"] == 4.0
+    row = front[(front["tp"] == ch["tp"]) & (front["batch"] == ch["batch"])
+                & (front["ctx_buckets"] == " ".join(map(str, ch["ctx_buckets"])))]
+    assert len(row) == 1
+    assert said["summary"]["ttft_p90_s"] == pytest.approx(float(row["ttft_p90_s"].iloc[0]), rel=1e-9)
 
 
 def test_profile_json_of_a_served_target_gives_the_busy_pass_resume_per_level(tmp_path, capsys):
-    from search.cli import main
-
     space = tmp_path / "serving.toml"
     space.write_text(SERVING)
     assert main(["profile", str(space), "--tp", "1", "--batch", "4", "--buckets", "128,256",
