@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from lens.types import Candidate, ModelShape, Target
+from lens.types import Candidate, ModelShape, Scheduler, Target
 from spaces import WorkloadDescription
 
 if TYPE_CHECKING:
@@ -161,7 +161,8 @@ class RunLedger:
             target = None if t is None else Target(
                 name=t["name"], runner=t["runner"], hardware=t["hardware"], bucket_policy=t["bucket_policy"],
                 dtype=t["dtype"], model=ModelShape(**t["model"]), options=tuple(sorted(t["options"].items())),
-                seed=t["seed"], batching=t.get("batching", "static"), prefill=t.get("prefill", "sequential"))
+                seed=t["seed"], batching=t.get("batching", "static"), prefill=t.get("prefill", "sequential"),
+                serving=t.get("serving", "static"), scheduler=Scheduler(**t.get("scheduler", {})))
             w = d.get("workload")
             chosen = d.get("chosen")
             return cls(

@@ -22,7 +22,6 @@ from .sweep import RateSweep
 #: (the space's objectives are added when they are not among them)
 FRONT_METRICS = ("throughput_tok_s", "throughput_tok_s_per_chip", "ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "e2e_p90_s")
 #: confirmation: the metrics shown predicted / measured / error
-CONFIRM_SHOWN = ("throughput_tok_s", "e2e_p90_s", "ttft_p50_s", "tpot_p50_s")
 
 
 #: continuous serving's request rates (lens.serving_metrics, lens.capacity): their labels
@@ -111,7 +110,9 @@ def candidates_table(df: pd.DataFrame | None, space: Space, *, ranked: bool = Tr
 def confirm_md(confirm: pd.DataFrame) -> str:
     """Predicted vs measured, the error of each, the per-request error and the flag."""
     header = ["tp", "batch", "buckets"]
-    shown = [m for m in CONFIRM_SHOWN if f"{m}_predicted" in confirm]
+    # the compared metrics (search.confirm.CONFIRM_METRICS), then the objectives not among them (under continuous
+    # serving: goodput, a latency percentile), in the order the confirmation judged them
+    shown = [c.removesuffix("_predicted") for c in confirm.columns if c.endswith("_predicted")]
     header += [f"{metric_label(m)}: predicted / measured (error)" for m in shown]
     drifted = "host_drift" in confirm and confirm["host_drift"].notna().any()
     header += ["per-request E2E error"]

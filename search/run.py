@@ -223,7 +223,7 @@ def confirm_run(
         ledger.confirmed = confirm_front(front, k, space=sp, requests=reqs, dispatcher=dispatcher, ledger=ledger,
                                          log=log, progress=progress, profiles=ev.measured)
     confirm = write_confirm(rd, ledger.confirmed)
-    table = write_front(rd, front, sp, ledger.confirmed)
+    table = write_front(rd, front, sp, ledger.confirmed, keep_swept=True)
     write_ledger(rd, ledger)
     trials = pd.read_csv(rd / "trials.csv") if (rd / "trials.csv").exists() else pd.DataFrame()
     return SearchResult(rd, table, trials, confirm if len(confirm) else None, ledger)

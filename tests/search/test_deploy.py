@@ -59,3 +59,4 @@ def test_the_sample_a_search_drew_on_the_command_line_is_pinned(tmp_path):
     # a static space pins static serving and no scheduler table
     text = pinned_space(space, CAND)
     assert 'serving = "static"' in text and "[target.scheduler]" not in text and "[slo]" not in text
+

@@ -92,6 +92,16 @@ def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
                 & (front["ctx_buckets"] == " ".join(map(str, ch["ctx_buckets"])))]
     assert len(row) == 1
     assert said["summary"]["ttft_p90_s"] == pytest.approx(float(row["ttft_p90_s"].iloc[0]), rel=1e-9)
+    # lensopt confirm over the finished run: it serves again, prints the served latency objective, keeps the
+    # target's serving in run.json and the sustainable rates its sweep found in pareto.csv
+    before = pd.read_csv(rd / "pareto.csv")
+    assert main(["confirm", str(rd), "--top", "1", "--cache", str(tmp_path / "cache.sqlite"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "TTFT p90 pred / meas (err as is / corrected)" in out and "tok/s pred / meas" in out
+    assert json.loads((rd / "run.json").read_text())["target"]["serving"] == "continuous"
+    after = pd.read_csv(rd / "pareto.csv")
+    assert after["sustainable_rate_req_s"].notna().all()
+    assert after["sustainable_rate_req_s"].tolist() == before["sustainable_rate_req_s"].tolist()
 
 
 def test_profile_json_of_a_served_target_gives_the_busy_pass_resume_per_level(tmp_path, capsys):
