@@ -67,7 +67,7 @@ from lens.rows import measured_context  # noqa: E402
 from lens.errors import LensoptError  # noqa: E402
 from lens.serving import TailRuns, predict_serving  # noqa: E402
 from lens.metrics import tpot_of  # noqa: E402
-from lens.serving_metrics import summarize_serving, summarize_serving_prediction  # noqa: E402
+from lens.serving_metrics import range_share, summarize_serving, summarize_serving_prediction  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
@@ -353,7 +353,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                     med = statistics.median(vals)
                     rows.append({"unit": f"{target.hardware} tp{tp} b{batch}", "workload": wname,
                                  "rate_req_s": rate, "x_sat": frac, "metric": SHORT[m], "predicted": pred[m], "measured": med,
-                                 "spread_%": (max(vals) - min(vals)) / med * 100 if med else float("nan"),
+                                 "spread_%": range_share(vals) * 100,
                                  "error_%": err(pred[m], med), "drift": drift,
                                  "corrected_error_%": err(corr[m], med),
                                  "corrected_at_level": level_of(pooled, m, corr[m]),

@@ -149,3 +149,10 @@ def summarize_serving_prediction(requests: Requests, pred, *, chips: int = 1,
         m["goodput_req_s_per_chip"] = m["request_goodput_req_s"] / chips
         m["good_fraction"] = float(good.mean())
     return m
+
+
+def range_share(values) -> float:
+    """How far repeated readings of one metric spread: (max - min) / median (NaN without a median)."""
+    v = np.asarray(values, dtype=np.float64)
+    med = float(np.median(v)) if v.size else math.nan
+    return float((v.max() - v.min()) / med) if v.size and med else math.nan

@@ -27,7 +27,8 @@ from .cli_common import (
 )
 from .cli_serving import add_serving_args, check_serving_args, print_serving, request_slo, with_arrivals
 from .drift_check import DriftCheck, DriftOutcome, checked
-from .passes import BUDGET_S, LEAST, MOST, TARGET, Passes, choose, noise_line, repeats_arg
+from .passes import (BUDGET_S, LEAST, MOST, TARGET, Passes, choose, noise_line, pass_spread_line, pass_spreads,
+                     repeats_arg)
 from .profiler import check_subset, profile_missing
 
 
@@ -387,8 +388,12 @@ def cmd_measure(args) -> int:
     tpot = tpot_of(ttft, e2e, requests.output_len)
     # the measurement's own noise: each request's median's standard error over the passes (none from one)
     noise = float(np.mean(median_se(e2e_all)) * 100) if repeats > 1 else None
+    per_pass = []
     if serving is not None:
         summary = summarize_serving(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp, slo=serving[2])
+        if repeats > 1:  # each pass's own percentiles: how far a queue near the knee moves them
+            per_pass = [summarize_serving(requests, ttft_s=r.ttft_s, e2e_s=r.e2e_s, total_s=r.total_s, chips=tp,
+                                          slo=serving[2]) for r in runs]
     else:
         summary = summarize(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp)
     sim = med.simulated or runner.simulated
@@ -398,6 +403,7 @@ def cmd_measure(args) -> int:
         "spread": float(np.median(spread_each)),
         "spread_max": float(spread_each.max()),
         **({"measurement_noise_pct": noise} if noise is not None else {}),
+        **({"pass_spread": pass_spreads(per_pass)} if per_pass else {}),
         "compile_s": med.compile_s,
         "run_s": med.run_s,
         "wall_s": wall,
@@ -418,6 +424,8 @@ def cmd_measure(args) -> int:
         print(_drift_line(dr, check, space.budget))
         print(passes.said())
         print(noise_line(noise, repeats))
+        if per_pass:
+            print(pass_spread_line(per_pass))
     return 0
 
 

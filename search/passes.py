@@ -21,15 +21,18 @@ import argparse
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from lens.noise import passes_for, spread
+from lens.serving_metrics import range_share
 from lens.types import Unit
 from runners import Runner
 
+from .cli_common import fmt_s
 from .drift_check import DriftCheck
+from .report import metric_label
 
 #: most end-to-end runs of one ``measure`` (each runs the whole request list)
 MAX_MEASURE_REPEATS = 1000
@@ -110,4 +113,33 @@ def noise_line(se: float | None, repeats: int) -> str:
         elif repeats < NOISE_HINT_REPEATS:
             line += (f"; on a host this noisy even --repeats {NOISE_HINT_REPEATS} would leave about "
                      f"{se * math.sqrt(repeats / NOISE_HINT_REPEATS):.1f}%")
+    return line
+
+
+#: the serving metrics whose readings a continuous measurement compares pass by pass
+PASS_METRICS = ("request_throughput_req_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s",
+                "e2e_p90_s")
+#: a latency whose passes spread more than this is queueing that amplifies the host's noise
+KNEE_SPREAD = 0.25
+
+
+def pass_spreads(summaries: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Each of :data:`PASS_METRICS`'s spread over the passes' own summaries ((max - min) / median, a fraction)."""
+    return {m: range_share([s[m] for s in summaries]) for m in PASS_METRICS}
+
+
+def pass_spread_line(summaries: Sequence[Mapping[str, float]]) -> str:
+    """What each pass read of the serving metrics, and what a wide spread of the latencies means."""
+    spreads = pass_spreads(summaries)
+    parts = []
+    for m in PASS_METRICS:
+        vals = [s[m] for s in summaries]
+        lo, hi = min(vals), max(vals)
+        shown = f"{lo:.3g} to {hi:.3g} req/s" if m.endswith("_req_s") else f"{fmt_s(lo)} to {fmt_s(hi)}"
+        parts.append(f"{metric_label(m)} {shown} ({spreads[m]:.0%})")
+    line = f"over the {len(summaries)} passes: " + ", ".join(parts)
+    wide = [metric_label(m) for m in PASS_METRICS if not m.endswith("_req_s") and spreads[m] > KNEE_SPREAD]
+    if wide:
+        line += (f"; {', '.join(wide)} spread over {KNEE_SPREAD:.0%}: at this rate the queue amplifies the host's "
+                 f"noise (near the knee), so a median of these passes is uncertain by about that much too")
     return line

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from search.cli import main
+from search.passes import PASS_METRICS
 from spacekit import TINY_MODEL, space_table, tiny_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,6 +89,8 @@ def test_measure_continuous_on_the_simulated_device(profiled, capsys):
                          "--repeats", "2", "--json"])
     assert out["simulated"] is True and out["summary"]["request_throughput_req_s"] > 0
     assert all(t <= e for t, e in zip(out["ttft_s"], out["e2e_s"]))
+    # each pass's own percentiles, and how far they spread (the summary reads each request's median)
+    assert set(out["pass_spread"]) == set(PASS_METRICS) and all(v >= 0 for v in out["pass_spread"].values())
 
 
 def test_measure_continuous_grades_the_serving_prediction_and_reports_the_drift(profiled, capsys):
@@ -96,6 +99,7 @@ def test_measure_continuous_grades_the_serving_prediction_and_reports_the_drift(
             "--json"]
     pred = _json(capsys, ["predict", *args])
     meas = _json(capsys, ["measure", *args, "--repeats", "1"])
+    assert "pass_spread" not in meas  # one pass has no spread
     assert meas["host_drift"] > 0 and meas["reference_probe"]["bucket"] in (64, 128)
     # the error is that of the continuous-batching prediction at the same arrivals (queueing included)
     p, m = np.asarray(pred["e2e_s"]), np.asarray(meas["e2e_s"])
