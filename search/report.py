@@ -370,7 +370,8 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
     if "rate_sweep.png" in pngs:
         lines += sweep_md(sweep, space)
     if trials is not None and len(trials) and "infeasible" in trials:
-        inf = trials[trials["infeasible"].fillna("").astype(str) != ""]
+        why = trials["infeasible"]  # text, or all NaN as a trials.csv of none read back
+        inf = trials[why.notna() & (why.astype(str) != "")]
         if len(inf):
             counts = inf.groupby("infeasible").size().sort_values(ascending=False)
             lines += ["## Infeasible candidates\n", md_table(["why", "trials"], [[k, str(v)] for k, v in counts.items()])]

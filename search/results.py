@@ -159,8 +159,6 @@ def front_table(front: Sequence[Evaluation], space: Space, confirmed: Sequence[C
 
 #: pareto.csv's columns the rate sweep fills beyond each candidate's own evaluation
 SWEPT = ("sustainable_rate_req_s", "sustainable_rate_req_s_per_chip")
-#: the columns that name a front row's candidate in pareto.csv
-_ROW_KEY = ("tp", "batch", "ctx_buckets", "tkg_buckets")
 
 
 def with_capacity(table: pd.DataFrame, front: Sequence[Evaluation], sweep: RateSweep) -> pd.DataFrame:
@@ -240,57 +238,36 @@ def write_confirm(run_dir: Path, confirmed: Sequence[Confirmation]) -> pd.DataFr
     return _write_csv(run_dir / "confirm.csv", confirm_table(confirmed))
 
 
-def _kept_swept(table: pd.DataFrame, before: Path) -> pd.DataFrame:
-    """``table`` with the swept columns (:data:`SWEPT`) the run's earlier ``before`` (pareto.csv) holds for the
-    same candidates, where ``table`` has none."""
-    try:
-        old = pd.read_csv(before, dtype={"ctx_buckets": str, "tkg_buckets": str})
-    except (OSError, ValueError):
-        return table  # none written, or unreadable: nothing to keep
-    if not set(_ROW_KEY) <= set(old.columns):
-        return table
-    out = table.copy()
-    keys = [tuple(str(v) for v in k) for k in out[list(_ROW_KEY)].itertuples(index=False)]
-    for col in (c for c in SWEPT if c in old.columns):
-        found = {tuple(str(v) for v in k): v for k, v in zip(old[list(_ROW_KEY)].itertuples(index=False), old[col])}
-        have = out[col] if col in out else pd.Series(float("nan"), index=out.index)
-        out[col] = have.where(have.notna(), pd.Series([found.get(k, float("nan")) for k in keys], index=out.index,
-                                                      dtype=float))
-    return out
-
-
 def write_front(run_dir: Path, front: Sequence[Evaluation], space: Space,
-                confirmed: Sequence[Confirmation] = (), *, keep_swept: bool = False) -> pd.DataFrame:
-    """pareto.csv of ``front``; ``keep_swept``: a confirmation run again over a finished search, which keeps the
-    sustainable rates its sweep found (``lensopt confirm`` does not sweep again)."""
-    table = front_table(front, space, confirmed)
-    if keep_swept:
-        table = _kept_swept(table, run_dir / "pareto.csv")
-    return _write_csv(run_dir / "pareto.csv", table)
+                confirmed: Sequence[Confirmation] = ()) -> pd.DataFrame:
+    return _write_csv(run_dir / "pareto.csv", front_table(front, space, confirmed))
 
 
 def write_results(run_dir: Path, *, space: Space, runner, ledger: RunLedger, trials: pd.DataFrame,
                   front: Sequence[Evaluation] | None, staircase: Mapping[int, BucketProfile] | None = None,
-                  nearest: Sequence[Evaluation] = (), sweep: RateSweep | None = None) -> SearchResult:
+                  nearest: Sequence[Evaluation] = (), sweep: RateSweep | None = None,
+                  write_trials: bool = True) -> SearchResult:
     """Write the run's files; ``front=None``: an interrupted run (trials and run.json only).
 
     The front is the ledger's (``ledger.front``, ``ledger.chosen``) with its evaluations;
     ``sweep``, under continuous serving, becomes rate_sweep.csv and the report's rate plot.
+    ``write_trials`` False: a confirmation run again, which reads the search's trials.csv and leaves it as it is.
     """
     try:
         return _write_results(run_dir, space=space, runner=runner, ledger=ledger, trials=trials, front=front,
-                              staircase=staircase or {}, nearest=nearest, sweep=sweep)
+                              staircase=staircase or {}, nearest=nearest, sweep=sweep, write_trials=write_trials)
     except OSError as exc:
         raise results_error(run_dir, exc) from None
 
 
 def _write_results(run_dir: Path, *, space: Space, runner, ledger: RunLedger, trials: pd.DataFrame,
                    front: Sequence[Evaluation] | None, staircase: Mapping[int, BucketProfile],
-                   nearest: Sequence[Evaluation], sweep: RateSweep | None) -> SearchResult:
+                   nearest: Sequence[Evaluation], sweep: RateSweep | None, write_trials: bool) -> SearchResult:
     from .deploy import write_deploy
     from .report import write_report
 
-    trials.to_csv(run_dir / "trials.csv", index=False)
+    if write_trials:
+        trials.to_csv(run_dir / "trials.csv", index=False)
     if front is None:
         write_ledger(run_dir, ledger)
         return SearchResult(run_dir, pd.DataFrame(), trials, None, ledger)

@@ -61,7 +61,7 @@ from .profiler import UnitMeasurement, UnitProfiler, unit_checker
 from .progress import bar
 from .results import (
     ResultsError, SearchResult, default_run_name, prepare_dir, results_error, trials_table,
-    write_confirm, write_front, write_ledger, write_results,
+    write_confirm, write_ledger, write_results,
 )
 from .selection import (
     anchor_unit, by_latency, distinct, front_of, knee, nearest, promising_units,
@@ -186,7 +186,9 @@ def confirm_run(
     """Rerun the confirmation of a finished search (``lensopt confirm RESULTS_DIR``).
 
     The front is read from the run's ledger (run.json), its predictions recomputed from
-    the cached profiles it was found with.
+    the cached profiles it was found with; the run's files are written again with the new
+    confirmation (report, pareto.csv, confirm.csv, run.json, the sweep under continuous
+    serving), its trials.csv left as it is.
     """
     rd = Path(run_dir)
     ledger = RunLedger.read(rd / "run.json")
@@ -222,11 +224,15 @@ def confirm_run(
         ledger.confirm_hardware_s = 0.0
         ledger.confirmed = confirm_front(front, k, space=sp, requests=reqs, dispatcher=dispatcher, ledger=ledger,
                                          log=log, progress=progress, profiles=ev.measured)
-    confirm = write_confirm(rd, ledger.confirmed)
-    table = write_front(rd, front, sp, ledger.confirmed, keep_swept=True)
-    write_ledger(rd, ledger)
+    # every file that shows the confirmation is written again (the report, pareto.csv's confirmed column), from
+    # the same cached profiles as the search: its sweep under continuous serving too (predictions only)
+    chosen = ledger.chosen
+    stair = ev.measured.get((chosen.tp, chosen.batch), {}) if chosen else {}
+    sweep = rate_sweep(front, ev, sp) if ev.continuous else None
+    write_confirm(rd, ledger.confirmed)
     trials = pd.read_csv(rd / "trials.csv") if (rd / "trials.csv").exists() else pd.DataFrame()
-    return SearchResult(rd, table, trials, confirm if len(confirm) else None, ledger)
+    return write_results(rd, space=sp, runner=runner, ledger=ledger, trials=trials, front=front, staircase=stair,
+                         sweep=sweep, write_trials=False)
 
 
 class _Search:

@@ -98,6 +98,8 @@ def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
     assert main(["confirm", str(rd), "--top", "1", "--cache", str(tmp_path / "cache.sqlite"), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "TTFT p90 pred / meas (err as is / corrected)" in out and "tok/s pred / meas" in out
+    report = (rd / "report.md").read_text().split("## Confirmation on the hardware")[1]
+    assert "TTFT p90: predicted / measured (error)" in report.split("\n## ")[0]  # the latency objective, served
     assert json.loads((rd / "run.json").read_text())["target"]["serving"] == "continuous"
     after = pd.read_csv(rd / "pareto.csv")
     assert after["sustainable_rate_req_s"].notna().all()

@@ -127,11 +127,19 @@ def test_the_printed_front_reads_rates_as_numbers_and_latencies_in_seconds(tmp_p
     assert all(re.fullmatch(r"[\d.]+ m?s", first[c]) for c in ("TTFT p50", "TPOT p50", "E2E p90")), first
 
 
+def _confirmed_rows(report: str) -> int:
+    """The rows of report.md's confirmation table (0: "_not run_")."""
+    section = report.split("## Confirmation on the hardware")[1].split("\n## ")[0]
+    return max(0, sum(1 for line in section.splitlines() if line.startswith("| ")) - 1)  # less its header
+
+
 def test_confirm_reads_the_front_from_the_ledger(tmp_path, ray_local, capsys):
     space = write_space(tmp_path)
     res = _run(space, tmp_path, name="c", trials=30, confirm=False)
     rd = res.run_dir
     assert res.confirm is None and not (rd / "confirm.csv").exists() and len(res.front) >= 1
+    assert _confirmed_rows((rd / "report.md").read_text()) == 0
+    trials = (rd / "trials.csv").read_bytes()
     assert main(["confirm", str(rd), "--top", "2", "--cache", str(tmp_path / "cache.sqlite"), "--no-progress"]) == 0
     info = json.loads((rd / "run.json").read_text())
     conf = pd.read_csv(rd / "confirm.csv")
@@ -143,6 +151,9 @@ def test_confirm_reads_the_front_from_the_ledger(tmp_path, ray_local, capsys):
         assert c["predicted"]["e2e_p90_s"] > 0 and c["measured"]["e2e_p90_s"] > 0
     front = pd.read_csv(rd / "pareto.csv")
     assert front["confirmed"].sum() == len(conf) and front["confirmed"].iloc[0]  # the lowest latency end
+    # the report shows the confirmation too; the search's trials are left as they were
+    assert _confirmed_rows((rd / "report.md").read_text()) == len(conf)
+    assert (rd / "trials.csv").read_bytes() == trials
     # a run.json without its front (as older versions wrote it) is refused with the way out
     del info["front"]
     (rd / "run.json").write_text(json.dumps(info))
