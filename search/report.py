@@ -341,7 +341,7 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
         lines += ["_not run_\n"]
     else:
         passes = space.budget.confirm_repeats
-        lines += [f"Predicted vs measured on the workload sample"
+        lines += ["Predicted vs measured on the workload sample"
                   + (f" (each request's median over {passes} passes)" if passes > 1 else "")
                   + f"; an error over {space.budget.tolerance * 100:g}% is flagged.\n"]
         drift = confirm["host_drift"].dropna() if "host_drift" in confirm else pd.Series(dtype=float)

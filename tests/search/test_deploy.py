@@ -6,7 +6,7 @@ import os
 from lens.types import Candidate
 from search.deploy import pinned_space
 from spaces import WorkloadDescription, load_space
-from spacekit import TINY_MODEL, space_table, tiny_target
+from spacekit import space_table, tiny_target
 
 CAND = Candidate(1, 2, (64, 128), (64, 128))
 
