@@ -46,7 +46,7 @@ def judge(summary: Mapping[str, Any], *, slo: Mapping[str, float], max_queue_gro
             return Verdict(False, f"{key} = {v:.4g} s > {bound:g} s" if v is not None else f"no {key}")
     g = summary["queue_growth"]
     if g > max_queue_growth:
-        return Verdict(False, f"queue grows ({g:.3f} s/s > {max_queue_growth:g})")
+        return Verdict(False, f"queue grows ({g:.3g} s/s > {max_queue_growth:g})")
     return Verdict(True)
 
 

@@ -14,6 +14,7 @@ import math
 from typing import Any, Mapping
 
 from lens import arrivals
+from lens.capacity import RateSearch
 from lens.errors import UserError
 from lens.serving_metrics import RequestSLO
 from lens.types import Requests
@@ -104,3 +105,24 @@ def print_serving(kind: str, summary: Mapping[str, Any], *, arrivals_from: str, 
     for k in ("queue_mean_s", "queue_p90_s"):
         if k in summary:
             print(f"  {k}: {fmt_s(summary[k])}")
+
+
+def capacity_of(rs: RateSearch, *, chips: int, slo: Mapping[str, float], max_queue_growth: float) -> dict[str, Any]:
+    """The bisection's answer as ``predict --json`` gives it (``capacity``)."""
+    return {"sustainable_rate_req_s": rs.rate_req_s, "sustainable_rate_req_s_per_chip": rs.rate_req_s / chips,
+            "unsustainable_above_req_s": rs.upper_req_s, "limited_by": rs.why_not,
+            "saturation_req_s": rs.saturation_req_s, "predictions": rs.evaluations, "slo": dict(slo),
+            "max_queue_growth": max_queue_growth}
+
+
+def print_capacity(cap: Mapping[str, Any]) -> None:
+    """The largest sustainable rate, what it is judged on, and what stops a higher one."""
+    judged = ", ".join(f"{k} <= {fmt_s(v)}" for k, v in sorted(cap["slo"].items()))
+    rate, per_chip = cap["sustainable_rate_req_s"], cap["sustainable_rate_req_s_per_chip"]
+    said = (f"{rate:.4g} req/s{f' ({per_chip:.4g} per chip)' if per_chip != rate else ''} of this arrival pattern: "
+            f"{'[slo] ' + judged + ' met and ' if judged else ''}the queue growing by at most "
+            f"{cap['max_queue_growth']:g} s/s (objectives.max_queue_growth; a bisection on {cap['predictions']} "
+            f"predictions)")
+    if cap["limited_by"]:
+        said += f"; above it the {cap['limited_by']}"
+    print(f"Max sustainable rate: {said}")

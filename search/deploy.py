@@ -44,8 +44,9 @@ def _workload_lines(space: Space, drawn: WorkloadDescription | None) -> list[str
 
 
 def pinned_space(space: Space, c: Candidate, workload: WorkloadDescription | None = None) -> str:
-    """A space file holding only ``c``, with the search's workload, serving and SLOs: ``lensopt measure`` and
-    ``predict`` take it as is (``workload``: the sample the search drew, when it overrode the space's)."""
+    """A space file holding only ``c``, with the search's workload, serving, objectives and SLOs: ``lensopt
+    measure`` and ``predict`` take it as is (``workload``: the sample the search drew, when it overrode the
+    space's)."""
     t = space.target
     lines = [
         f"# The configuration chosen by lensopt for {t.name}: tp={c.tp}, batch={c.batch},",
@@ -77,6 +78,8 @@ def pinned_space(space: Space, c: Candidate, workload: WorkloadDescription | Non
                   "# pass --ctx-buckets / --tkg-buckets to lensopt predict / measure",
                   "tie_buckets = false"]
     lines += _workload_lines(space, workload)
+    o = space.objectives  # the SLOs' and the sustainable rate's terms (lensopt predict reads max_queue_growth)
+    lines += ["", "[objectives]", *[f"{f.name} = {_toml_value(getattr(o, f.name))}" for f in dataclasses.fields(o)]]
     if space.slo:
         lines += ["", "[slo]", *[f"{k} = {_toml_value(v)}" for k, v in space.slo]]
     return "\n".join(lines) + "\n"

@@ -59,6 +59,15 @@ def test_predict_continuous_at_a_request_rate(profiled, capsys):
     slow = _json(capsys, ["predict", str(space), *UNIT, *work(space), "--mode", "continuous", "--arrival-rate", "0.3",
                           "--cache", str(cache), "--json"])
     assert slow["summary"]["ttft_p90_s"] <= s["ttft_p90_s"]
+    # the largest sustainable rate of the pattern, the same at any rate it is asked at (the pattern scales)
+    cap = out["capacity"]
+    assert 0 < cap["sustainable_rate_req_s"] < cap["unsustainable_above_req_s"] <= cap["sustainable_rate_req_s"] * 1.01
+    assert cap["limited_by"] and cap["predictions"] > 2 and cap["max_queue_growth"] == 0.05
+    assert slow["capacity"]["sustainable_rate_req_s"] == pytest.approx(cap["sustainable_rate_req_s"], rel=1e-9)
+    assert main(["predict", str(space), *UNIT, *work(space), "--mode", "continuous", "--request-rate", "3",
+                 "--cache", str(cache)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"Max sustainable rate: {cap['sustainable_rate_req_s']:.4g} req/s of this arrival pattern")
 
 
 def test_predict_continuous_at_a_traces_own_arrivals(profiled, capsys):

@@ -81,7 +81,7 @@ def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
     # lensopt predict takes it as is, and predicts what the search did
     pinned, own = load_space(rd / "deploy" / "space.toml"), load_space(space)
     assert pinned.target.serving == "continuous" and pinned.target.scheduler == own.target.scheduler
-    assert pinned.workload == own.workload and pinned.slo == own.slo
+    assert pinned.workload == own.workload and pinned.slo == own.slo and pinned.objectives == own.objectives
     ch = info["chosen"]
     assert main(["predict", str(rd / "deploy" / "space.toml"), "--tp", str(ch["tp"]), "--batch", str(ch["batch"]),
                  "--buckets", ",".join(map(str, sorted({*ch["ctx_buckets"], *ch["tkg_buckets"]}))), "--ctx-buckets", ",".join(map(str, ch["ctx_buckets"])), "--tkg-buckets",
@@ -92,6 +92,9 @@ def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
                 & (front["ctx_buckets"] == " ".join(map(str, ch["ctx_buckets"])))]
     assert len(row) == 1
     assert said["summary"]["ttft_p90_s"] == pytest.approx(float(row["ttft_p90_s"].iloc[0]), rel=1e-9)
+    # and the largest sustainable rate the search found for it, by the same bisection on the same predictions
+    assert said["capacity"]["sustainable_rate_req_s"] == pytest.approx(float(row["sustainable_rate_req_s"].iloc[0]),
+                                                                       rel=1e-9)
     # lensopt confirm over the finished run: it serves again, prints the served latency objective, keeps the
     # target's serving in run.json and the sustainable rates its sweep found in pareto.csv
     before = pd.read_csv(rd / "pareto.csv")
