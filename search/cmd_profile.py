@@ -103,6 +103,8 @@ def cmd_profile(args) -> int:
             retry_failed=args.retry_failed,
         )
         profiles = {b: p for b, p in cache.get_unit(fp, tp, batch).items() if b in buckets}
+    if out.reused:  # measured before: maybe by an older way of measuring the host costs
+        _note_outdated(args, space, tp, batch, fp, profiles, serving=space.target.serving == "continuous")
     sim = " (SIMULATED device)" if out.simulated or runner.simulated else ""
     if args.json:
         print_json({
@@ -122,7 +124,8 @@ def cmd_profile(args) -> int:
                                   "prefill_tail_median_s": p.prefill_tail_median_s,
                                   "decode_pace": list(p.decode_pace),
                                   "decode_pace_window_s": p.decode_pace_window_s,
-                                  "decode_pace_tau_s": p.decode_pace_tau_s}
+                                  "decode_pace_tau_s": p.decode_pace_tau_s,
+                                  "host_costs_method": p.host_costs_method}
                          for b, p in profiles.items()},
             "row_cost": None if out.rows is None else {
                 "row_s": out.rows.value, "err_s": out.rows.err, "raw_s": out.rows.raw, "note": out.rows.note,
@@ -221,14 +224,14 @@ def _load_table(args, space, cand, runner) -> tuple[UnitTable, dict]:
         ) from None
 
 
-def _note_outdated(args, space, cand, fp: str, profiles: dict, *, serving: bool) -> None:
+def _note_outdated(args, space, tp: int, batch: int, fp: str, profiles: dict, *, serving: bool) -> None:
     """Say (on stderr) when the unit's cached host costs come from an older way of measuring them, and how to
     measure them anew (``lens.methods``)."""
     cache = ["--cache", args.cache] if args.cache else []
-    unit = ["--tp", str(cand.tp), "--batch", str(cand.batch)]
+    unit = ["--tp", str(tp), "--batch", str(batch)]
     rm = ["lensopt", "cache", "rm", "--fingerprint", fp, *unit, *cache]
     again = ["lensopt", "profile", str(space.path), *unit, "--buckets", ",".join(map(str, sorted(profiles))), *cache]
-    line = methods.advice(profiles, f"tp{cand.tp} b{cand.batch}", f"{shlex.join(rm)} && {shlex.join(again)}",
+    line = methods.advice(profiles, f"tp{tp} b{batch}", f"{shlex.join(rm)} && {shlex.join(again)}",
                           serving=serving)
     if line:
         print(f"note: {line}", file=sys.stderr)
@@ -329,7 +332,7 @@ def cmd_predict(args) -> int:
     mode, requests, sample, serving = _requests(args, space, cand)
     runner = get_runner(space.target)
     tbl, profiles = _load_table(args, space, cand, runner)
-    _note_outdated(args, space, cand, runner.fingerprint(), profiles, serving=serving is not None)
+    _note_outdated(args, space, cand.tp, cand.batch, runner.fingerprint(), profiles, serving=serving is not None)
     sources = ",".join(tbl.sources)
     label = f"prediction (LENS from {sources} profiles) for {cand.label()} on {space.target.name}"
     if serving is not None:
@@ -374,7 +377,7 @@ def cmd_measure(args) -> int:
     unit = Unit(target=space.target, tp=tp, batch=batch)
     runner.check_unit(unit)
     profiles = _cached(args, runner, cand)
-    _note_outdated(args, space, cand, runner.fingerprint(), profiles, serving=serving is not None)
+    _note_outdated(args, space, cand.tp, cand.batch, runner.fingerprint(), profiles, serving=serving is not None)
     check = DriftCheck.of(space, cand, requests, profiles)
     t0 = time.perf_counter()
     # the cached profiles' prediction: what the passes are judged on, and how long one should take

@@ -180,3 +180,12 @@ def test_predict_says_when_the_cached_admission_offsets_come_from_an_older_metho
     assert "lensopt cache rm --fingerprint " in err and f"--tp 1 --batch 2 --cache {old} && lensopt profile" in err
     assert main(["predict", str(space), *UNIT, *work(space), "--mode", "static", "--cache", str(old)]) == 0
     assert "note:" not in capsys.readouterr().err
+    # lensopt profile on a served target whose unit is all cached says so too (nothing is measured again)
+    served = tmp_path / "served.toml"
+    served.write_text(tiny_target("cli-serving", extra='serving = "continuous"\n') + space_table()
+                      + '[workload]\ndistribution = "sharegpt"\narrival_rate = 2.0\n')
+    assert main(["profile", str(served), "--tp", "1", "--batch", "2", "--cache", str(old)]) == 0
+    err = capsys.readouterr().err
+    assert "note: the cached tp1 b2's served-admission offsets" in err and "lensopt cache rm" in err
+    assert main(["profile", str(space), "--tp", "1", "--batch", "2", "--cache", str(old)]) == 0
+    assert "note:" not in capsys.readouterr().err  # a static target reads no offset
