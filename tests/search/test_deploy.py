@@ -60,3 +60,14 @@ def test_the_sample_a_search_drew_on_the_command_line_is_pinned(tmp_path):
     text = pinned_space(space, CAND)
     assert 'serving = "static"' in text and "[target.scheduler]" not in text and "[slo]" not in text
 
+
+
+def test_a_runner_option_that_is_a_table_is_pinned_as_an_inline_table(tmp_path):
+    """The command runner's env = { ... } (any table-valued option) is written so that the file loads back."""
+    src = tmp_path / "s.toml"
+    src.write_text(tiny_target("pin", runner="command", hardware="toy-npu") + space_table()
+                   + '[target.options]\nargv = ["python3", "prog.py"]\n'
+                   + 'env = { TOY_NPU_MODE = "drift", "A B" = "1.2" }\n')
+    space = load_space(src)
+    (tmp_path / "p.toml").write_text(pinned_space(space, CAND))
+    assert load_space(tmp_path / "p.toml").target.options == space.target.options
