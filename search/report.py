@@ -302,8 +302,9 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
     lines = [f"# lensopt search: {t.name}\n", sim,
              f"- target: runner `{t.runner}` on `{t.hardware}`; bucket policy {t.bucket_policy}, "
              f"{space.target.batching} batching, {t.prefill} prefill, {t.serving} serving"
-             + (f" (at most {t.scheduler.max_prefills or 'any number of'} prompts between decode steps, "
-                f"{t.scheduler.prefill_priority} priority)" if t.serving == "continuous" else ""),
+             + (f" ({f'at most {t.scheduler.max_prefills}' if t.scheduler.max_prefills else 'any number of'} "
+                f"prompts between decode steps, {t.scheduler.prefill_priority} priority)"
+                if t.serving == "continuous" else ""),
              f"- model: {fmt.model_line(t.model, t.dtype)}",
              f"- workload: {workload_line(ledger)}",
              f"- objectives: maximise `{space.objectives.throughput}`, minimise `{space.objectives.latency}`; "

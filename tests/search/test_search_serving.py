@@ -60,6 +60,7 @@ def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
     assert (rd / "rate_sweep.png").stat().st_size > 10_000
     report = (rd / "report.md").read_text()
     assert "Latency vs arrival rate" in report and "rate_sweep.png" in report
+    assert "continuous serving (any number of prompts between decode steps, prefill priority)" in report
     assert '<img alt="rate sweep" src="data:image/png;base64,' in (rd / "report.html").read_text()
     # confirmation ran the picks on the (simulated) device in continuous mode, under the same arrivals
     conf = res.confirm
