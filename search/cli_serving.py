@@ -124,5 +124,5 @@ def print_capacity(cap: Mapping[str, Any]) -> None:
             f"{cap['max_queue_growth']:g} s/s (objectives.max_queue_growth; a bisection on {cap['predictions']} "
             f"predictions)")
     if cap["limited_by"]:
-        said += f"; above it the {cap['limited_by']}"
+        said += f"; above it: {cap['limited_by']}"
     print(f"Max sustainable rate: {said}")
