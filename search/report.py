@@ -275,7 +275,10 @@ def sweep_md(sweep: RateSweep, space: Space) -> list[str]:
             f"Each front candidate predicted at a range of arrival rates on the workload's arrival pattern (the "
             f"workload runs at {fmt.sig(sweep.rate)} requests/s, the dashed line); the dotted lines are each "
             f"candidate's largest sustainable rate: every SLO met and the queue growing by at most "
-            f"{space.objectives.max_queue_growth:g} s per s (docs/serving.md). Every point is in `rate_sweep.csv`.\n",
+            f"{space.objectives.max_queue_growth:g} s per s (docs/serving.md). Every point is in `rate_sweep.csv`. "
+            f"Saturation is the request throughput with every request arriving at once, over the whole run: its "
+            f"last requests decode in a part-empty batch, which lowers it, so the largest sustainable rate (which "
+            f"lets the queue grow by that bound) can lie above it.\n",
             "![rate sweep](rate_sweep.png)\n",
             md_table(["candidate", "saturation (all at once)", "largest sustainable rate", "per chip",
                       "beyond it"], rows)]
