@@ -174,6 +174,12 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def rm_unit_argv(fingerprint: str, tp: int, batch: int, cache: str | None = None) -> list[str]:
+    """The ``lensopt cache rm`` command line that forgets one unit's profiles (``cache``: a --cache to pass on)."""
+    return ["lensopt", "cache", "rm", "--fingerprint", fingerprint, "--tp", str(tp), "--batch", str(batch),
+            *(["--cache", str(cache)] if cache else [])]
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
     filters = {k: getattr(args, k) for k in ("fingerprint", "tp", "batch", "bucket") if getattr(args, k) is not None}
     if not filters and not args.all and not args.failed:

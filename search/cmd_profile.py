@@ -28,6 +28,7 @@ from .cli_common import (
 )
 from .cli_serving import (add_serving_args, capacity_of, check_serving_args, print_capacity, print_serving, request_slo,
                           with_arrivals)
+from .cmd_cache import rm_unit_argv
 from .drift_check import DriftCheck, DriftOutcome, checked
 from .passes import (BUDGET_S, LEAST, MOST, TARGET, Passes, choose, noise_line, pass_spread_line, pass_spreads,
                      repeats_arg)
@@ -229,7 +230,7 @@ def _note_outdated(args, space, tp: int, batch: int, fp: str, profiles: dict, *,
     measure them anew (``lens.methods``)."""
     cache = ["--cache", args.cache] if args.cache else []
     unit = ["--tp", str(tp), "--batch", str(batch)]
-    rm = ["lensopt", "cache", "rm", "--fingerprint", fp, *unit, *cache]
+    rm = rm_unit_argv(fp, tp, batch, args.cache)
     again = ["lensopt", "profile", str(space.path), *unit, "--buckets", ",".join(map(str, sorted(profiles))), *cache]
     line = methods.advice(profiles, f"tp{tp} b{batch}", f"{shlex.join(rm)} && {shlex.join(again)}",
                           serving=serving)

@@ -49,6 +49,7 @@ from runners import Runner, get_runner
 from spaces import Space, load_requests, load_space, requests_again
 from store import ProfileCache, resolve_cache_path
 
+from .cmd_cache import rm_unit_argv
 from .confirm import confirm_front
 from .dispatch import Dispatcher, check_address
 from .economy import PER_ROUND
@@ -265,10 +266,8 @@ class _Search:
     def _note_outdated(self) -> None:
         """Say which cached units hold host costs an older way of measuring gave (lens.methods), and how to have
         the search measure them anew."""
-        cache = ["--cache", str(self.ledger.cache)]
         for (tp, b), prof in sorted(self.ev.measured.items()):
-            rm = ["lensopt", "cache", "rm", "--fingerprint", self.ledger.fingerprint, "--tp", str(tp), "--batch",
-                  str(b), *cache]
+            rm = rm_unit_argv(self.ledger.fingerprint, tp, b, self.ledger.cache)
             line = methods.advice(prof, f"tp{tp} b{b}", f"{shlex.join(rm)}, and the next search profiles it again",
                                   serving=self.sp.target.serving == "continuous")
             if line:
