@@ -2,9 +2,16 @@
 
 For each unit, the buckets are profiled on the runner (two runs per bucket, as a search
 does); then, per workload and rate, the same requests with the same arrivals are predicted
-and served ``--repeats`` times on the runner in continuous mode. The table compares request
+and served several times on the runner in continuous mode. The table compares request
 throughput and p50/p90 of TTFT, TPOT and E2E: the measured median over the repeats, its
 spread ((max - min) / median), and the prediction's error against the median.
+
+Repeats: ``--repeats`` at the lightest rate; a busier rate repeats until it has served
+about as long (``--repeats`` x its rate over the lightest, rounded), at most
+``--max-repeats``. A busier rate's run is shorter, and near the knee the queue amplifies
+the host's noise, so a median of three runs there moves by tens of percent from one
+measurement to the next; ``--max-repeats`` equal to ``--repeats`` serves every rate the same
+number of times.
 
 A host that is busier (or quieter) when it serves than when it profiled is drift, not a
 model error (``lens.drift``): each rate's repeats run as a confirmation runs them
@@ -37,6 +44,7 @@ Runners (``--runner``):
 
     python benchmarks/serving_accuracy.py [--runner jax|command|sim | --space FILE] [--units 1x4,1x8]
                                           [--hardware inf2,tpu-v6e] [--requests 120] [--repeats 3]
+                                          [--max-repeats 9]
                                           [--rates 0.15,0.5,0.8] [--csv FILE] [--gpu] [--budget-s S]
 
 ``--budget-s``: start no unit or workload past that many seconds (the first always runs) and
@@ -132,7 +140,10 @@ def main(argv=None) -> int:
     ap.add_argument("--hardware", default="inf2,tpu-v6e", help="sim: the simulated devices, comma separated")
     ap.add_argument("--units", default="1x4,1x8", help="tp x batch units, comma separated")
     ap.add_argument("--requests", type=int, default=120)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="serves at the lightest rate (default 3)")
+    ap.add_argument("--max-repeats", type=int, default=9,
+                    help="a busier rate serves about as long as the lightest: --repeats x its rate over the lightest, "
+                         "at most this many (default 9; equal to --repeats: every rate alike)")
     ap.add_argument("--rates", default="0.15,0.5,0.8", help="fractions of the predicted saturation rate")
     ap.add_argument("--profile-repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
@@ -153,7 +164,14 @@ def main(argv=None) -> int:
         # allocate on demand (the default claims 75% of the GPU at the first array)
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-    fracs = [float(x) for x in args.rates.split(",")]
+    try:
+        fracs = [float(x) for x in args.rates.split(",")]
+    except ValueError:
+        ap.error(f"--rates {args.rates}: comma-separated fractions of the saturation rate, e.g. 0.15,0.5,0.8")
+    if args.repeats < 1 or args.max_repeats < 1:
+        ap.error("--repeats and --max-repeats: at least 1")
+    if min(fracs) <= 0:
+        ap.error(f"--rates {args.rates}: fractions of the saturation rate above 0, e.g. 0.15,0.5,0.8")
     rows = []
     t_start = time.perf_counter()
     budget_end = t_start + args.budget_s
@@ -190,12 +208,27 @@ def main(argv=None) -> int:
         print("serving_accuracy: nothing was measured", file=sys.stderr)
         return 2
     print(f"Continuous batching on {setups[0][0].runner}{sim}: {', '.join(s[0].name for s in setups)}, "
-          f"buckets {list(buckets)}, {args.requests} requests per run, {args.repeats} repeats (median; "
-          f"spread = (max - min) / median), {time.perf_counter() - t_start:.0f} s")
+          f"buckets {list(buckets)}, {args.requests} requests per run, "
+          f"{said_repeats(fracs, args.repeats, args.max_repeats)} (median; spread = (max - min) / median), {time.perf_counter() - t_start:.0f} s")
     if skipped:
         print(f"skipped (time budget of {args.budget_s:g} s): {', '.join(skipped)}")
     report(rows, fracs, args.csv)
     return 0
+
+
+def repeats_at(frac: float, fracs: list[float], repeats: int, most: int) -> int:
+    """How many times a rate serves: ``repeats`` at the lightest of ``fracs``, about as long a time at a busier one
+    (its share of the lightest rate, rounded), at most ``most`` (never fewer than ``repeats``)."""
+    return min(max(repeats, most), max(repeats, round(repeats * frac / min(fracs))))
+
+
+def said_repeats(fracs: list[float], repeats: int, most: int) -> str:
+    """'3 / 9 / 9 repeats at 0.15 / 0.5 / 0.8 x saturation', or '3 repeats' where every rate serves alike."""
+    counts = [repeats_at(f, fracs, repeats, most) for f in fracs]
+    if len(set(counts)) == 1:
+        return f"{counts[0]} repeats"
+    return (f"{' / '.join(map(str, counts))} repeats at {' / '.join(f'{f:g}' for f in fracs)} x saturation "
+            f"(about as long served at each)")
 
 
 @dataclasses.dataclass
@@ -304,7 +337,8 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 check = DriftCheck.build(serving, cand, timed, profiles, budget=budget, profile=settings,
                                          all_buckets=buckets)
                 runs, dr = checked(runner, Unit(serving, tp, batch), check,
-                                   [lambda: runner.run_workload(cand, timed, mode="continuous")] * args.repeats)
+                                   [lambda: runner.run_workload(cand, timed, mode="continuous")]
+                                   * repeats_at(frac, fracs, args.repeats, args.max_repeats))
                 drift = dr.drift.value
                 side = UnitTable.build(cand, {**profiles, **dr.profiles}, policy=target.bucket_policy)
                 corr = summarize_serving_prediction(timed, predict_serving(side, timed, scheduler=sched), chips=tp)
@@ -353,7 +387,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                     med = statistics.median(vals)
                     rows.append({"unit": f"{target.hardware} tp{tp} b{batch}", "workload": wname,
                                  "rate_req_s": rate, "x_sat": frac, "metric": SHORT[m], "predicted": pred[m], "measured": med,
-                                 "spread_%": range_share(vals) * 100,
+                                 "repeats": len(vals), "spread_%": range_share(vals) * 100,
                                  "error_%": err(pred[m], med), "drift": drift,
                                  "corrected_error_%": err(corr[m], med),
                                  "corrected_at_level": level_of(pooled, m, corr[m]),
@@ -442,12 +476,12 @@ def dropped_costs(row, adm, kv, resume, after_busy=None) -> dict[str, object]:
 def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
     print("(throughput in requests/s, latencies in ms; rate in requests/s and as a fraction of saturation)")
     print(f"{'unit':14} {'workload':28} {'rate':>7} {'xsat':>5} {'metric':10} {'predicted':>10} {'measured':>10} "
-          f"{'spread':>7} {'error':>7} {'drift':>6} {'corr':>7} {'corr at':>7}")
+          f"{'runs':>4} {'spread':>7} {'error':>7} {'drift':>6} {'corr':>7} {'corr at':>7}")
     for r in rows:
         k = 1.0 if r["metric"] == "throughput" else 1e3
         at = "" if np.isnan(r["corrected_at_level"]) else f"p{r['corrected_at_level']:.1f}"
         print(f"{r['unit']:14} {r['workload']:28} {r['rate_req_s']:7.2f} {r['x_sat']:5.2f} {r['metric']:10} "
-              f"{r['predicted'] * k:10.2f} {r['measured'] * k:10.2f} {r['spread_%']:6.1f}% {r['error_%']:+6.1f}% "
+              f"{r['predicted'] * k:10.2f} {r['measured'] * k:10.2f} {r['repeats']:4d} {r['spread_%']:6.1f}% {r['error_%']:+6.1f}% "
               f"{r['drift']:6.3f} {r['corrected_error_%']:+6.1f}% {at:>7}")
     print("(corr at: the percentile of the measured requests, all repeats pooled, at which the corrected "
           "prediction lies)")

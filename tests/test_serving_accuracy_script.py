@@ -112,3 +112,25 @@ def test_the_level_of_a_prediction_counts_requests_not_milliseconds(monkeypatch)
     assert np.isnan(level_of(pooled, "request_throughput_req_s", 3.0))
     assert target_level("ttft_p90_s") == 90.0 and target_level("e2e_p50_s") == 50.0
     assert np.isnan(target_level("request_throughput_req_s"))
+
+
+def test_a_busier_rate_serves_more_times_up_to_the_cap(tmp_path):
+    """--repeats at the lightest rate, about as long served at a busier one, at most --max-repeats."""
+    if not trace_path("azure_conv_2023.csv").is_file():
+        pytest.skip("trace azure_conv_2023.csv is absent (it lives in ../shared/data/traces beside the project)")
+    out = tmp_path / "t.csv"
+    proc = run("--runner", "sim", "--hardware", "inf2", "--units", "1x4", "--requests", "12", "--repeats", "1",
+               "--max-repeats", "3", "--rates", "0.2,0.4,0.8", "--budget-s", "0", "--csv", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "1 / 2 / 3 repeats at 0.2 / 0.4 / 0.8 x saturation" in proc.stdout
+    runs = {(r["x_sat"], r["metric"]): int(r["repeats"]) for r in csv.DictReader(out.open())}
+    # 0.4 / 0.2 = 2 runs; 0.8 / 0.2 = 4, capped at 3
+    assert {x: n for (x, m), n in runs.items() if m == "throughput"} == {"0.2": 1, "0.4": 2, "0.8": 3}
+
+
+def test_bad_repeat_and_rate_flags_are_refused_in_one_line(tmp_path):
+    for flags, said in ((("--repeats", "0"), "--repeats and --max-repeats: at least 1"),
+                        (("--rates", "0.5,x"), "--rates 0.5,x: comma-separated fractions"),
+                        (("--rates", "0,0.5"), "--rates 0,0.5: fractions of the saturation rate above 0")):
+        proc = run("--runner", "sim", *flags, cwd=tmp_path)
+        assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
