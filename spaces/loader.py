@@ -64,6 +64,8 @@ class _Section:
     def setting(self, cls: type, k: str):
         """The value of key ``k``, typed, defaulted and bounded by its schema field (see spaces.schema)."""
         m = schema.meta(cls, k)
+        if self.data.get(k) == math.inf and m.get("infinite"):  # what to give instead, where the schema says
+            self.fail(f"{self.key(k)} = inf {schema.check(cls, k, math.inf)}")
         v = self.get(k, m["type"], schema.default(cls, k))
         if k in self.data:
             why = schema.check(cls, k, v)

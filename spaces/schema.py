@@ -33,14 +33,15 @@ MAX_ATTEMPTS = 8
 
 def setting(default: Any, typ: type, *, help: str, min: float | None = None, max: float | None = None,
             above: float | None = None, below: float | None = None, choices: tuple | None = None,
-            hint: str = "") -> Any:
+            hint: str = "", infinite: str = "") -> Any:
     """A dataclass field for one space-file setting: default, type, bounds and help in one place.
 
     ``min``/``max`` are inclusive bounds, ``above``/``below`` exclusive ones; ``hint`` closes
-    the message a value out of bounds gets.
+    the message a value out of bounds gets, ``infinite`` the one an infinite value over ``max``
+    gets instead (what to give in its place).
     """
     meta = {"type": typ, "help": help, "min": min, "max": max, "above": above, "below": below, "choices": choices,
-            "hint": hint}
+            "hint": hint, "infinite": infinite}
     return field(default=default, metadata=meta)
 
 
@@ -70,6 +71,8 @@ class WorkloadSpec:
     drop_longer: bool = setting(False, bool, help="drop sampled requests longer than the largest bucket "
                                                   "instead of stopping with an error")
     arrival_rate: float | None = setting(None, float, above=0, max=MAX_RATE, hint="requests per second",
+                                         infinite="for every request at once (vllm bench's inf) give a rate far "
+                                                  "above what the unit serves, e.g. 1e6 requests per second",
                                          help="requests per second arriving (continuous serving): a seeded Poisson "
                                               "process, or a trace's own arrivals rescaled to this mean rate; unset: "
                                               "the trace's arrival times as they are")
@@ -230,6 +233,8 @@ def check(cls: type, name: str, value: Any) -> str | None:
         why = {1: "must be a positive integer", 0: "must be an integer >= 0"}.get(lo, f"must be at least {lo:g}")
     elif above is not None and not value > above:
         why = "must be a positive number" if above == 0 else f"must be more than {above:g}"
+    elif hi is not None and value > hi and value == float("inf") and m.get("infinite"):
+        return f"is not a finite number: {m['infinite']}"
     elif hi is not None and value > hi:
         why = f"is more than {hi:,}"
     elif below is not None and not value < below:

@@ -135,6 +135,8 @@ def test_serving_flag_errors_are_one_line_exit_2(profiled, capsys, extra, messag
 @pytest.mark.parametrize(("extra", "message"), [
     (["--request-rate", "-1"], "--request-rate -1 must be a positive number (requests per second)"),
     (["--request-rate", "2", "--burstiness", "inf"], "--burstiness inf is more than 1,000 (1 is a Poisson process)"),
+    (["--request-rate", "inf"], "--request-rate inf is not a finite number: for every request at once (vllm bench's "
+                                "inf) give a rate far above what the unit serves, e.g. 1e6 requests per second"),
 ])
 def test_arrival_flag_errors_name_the_flag_with_a_workload(profiled, capsys, extra, message):
     """A sampled workload's bad rate is the flag's mistake, not the space file's: the error says so."""

@@ -53,6 +53,10 @@ def test_a_continuous_space_with_its_scheduler(tmp_path):
     (dict(workload='distribution = "sharegpt"\narrival_rate = 3.0'), "arrival_rate = 3 is read by continuous"),
     (dict(workload='distribution = "sharegpt"\narrival_rate = 0.0', target='serving = "continuous"'),
      "workload.arrival_rate = 0.0 must be a positive number"),
+    # vllm bench's "all at once": the error says what to give instead
+    (dict(workload='distribution = "sharegpt"\narrival_rate = inf', target='serving = "continuous"'),
+     "workload.arrival_rate = inf is not a finite number: for every request at once (vllm bench's inf) give a rate "
+     "far above what the unit serves, e.g. 1e6"),
     (dict(target='serving = "continuous"'), "needs arrivals: set workload.arrival_rate"),
     (dict(rest='[objectives]\nthroughput = "goodput_req_s_per_chip"'), "is a continuous-serving metric"),
     (dict(rest="[objectives]\nmax_queue_growth = -0.1"), "objectives.max_queue_growth = -0.1"),
