@@ -485,6 +485,7 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
               f"{r['drift']:6.3f} {r['corrected_error_%']:+6.1f}% {at:>7}")
     print("(corr at: the percentile of the measured requests, all repeats pooled, at which the corrected "
           "prediction lies)")
+    print(host_said(rows, fracs))
     for key, what in (("error_%", "|error|"), ("corrected_error_%", "|error| corrected for drift"),
                       ("corrected_no_resume_%", "|error| corrected for drift, without the resume cost (lens.resume)"),
                       ("corrected_one_resume_%", "|error| corrected for drift, one resume cost after every pass "
@@ -522,6 +523,22 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
               + ", ".join(f"{r['metric']} at {r['x_sat']:g} x sat: p{r['corrected_at_level']:.1f}" for r, _ in off))
     if csv_path:
         write_csv(rows, csv_path)
+
+
+def host_said(rows: list[dict], fracs: list[float]) -> str:
+    """How steady the host was: the drift's range and the latency rows' spread over their repeats, by rate.
+
+    A row is graded against the median of its repeats; where those repeats spread by far more than 10%, the
+    median itself moves by about that much from one measurement to the next, so the count within 10% says more
+    of the host than of the prediction."""
+    lat = [r for r in rows if r["metric"] != SHORT["request_throughput_req_s"]]
+    drifts = [r["drift"] for r in rows if not np.isnan(r["drift"])]
+    drift = f"drift {min(drifts):.2f}-{max(drifts):.2f}" if drifts else "drift not measured"
+    ran = [f for f in fracs if any(r["x_sat"] == f for r in lat)]
+    by_rate = " / ".join(f"{np.median([r['spread_%'] for r in lat if r['x_sat'] == f]):.1f}%" for f in ran)
+    return (f"the host: {drift} (the reference probe's time beside the repeats over its time in the profile); "
+            f"the latency rows' repeats spread a median {np.median([r['spread_%'] for r in lat]):.1f}% "
+            f"({by_rate} at {' / '.join(f'{f:g}' for f in ran)} x saturation)")
 
 
 def write_csv(rows: list[dict], path: str) -> None:

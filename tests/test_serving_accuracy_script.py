@@ -134,3 +134,20 @@ def test_bad_repeat_and_rate_flags_are_refused_in_one_line(tmp_path):
                         (("--rates", "0,0.5"), "--rates 0,0.5: fractions of the saturation rate above 0")):
         proc = run("--runner", "sim", *flags, cwd=tmp_path)
         assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_the_summary_says_how_steady_the_host_was(monkeypatch):
+    """The drift's range and the latency rows' median spread, by rate; throughput rows and unmeasured drift left out."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from benchmarks.serving_accuracy import host_said
+
+    def row(x, metric, spread, drift):
+        return {"x_sat": x, "metric": metric, "spread_%": spread, "drift": drift}
+
+    rows = [row(0.15, "throughput", 90.0, 0.7), row(0.15, "TTFT p50", 4.0, 0.7), row(0.15, "TTFT p90", 6.0, 0.7),
+            row(0.8, "throughput", 0.5, 1.15), row(0.8, "TTFT p50", 40.0, 1.15), row(0.8, "E2E p90", 20.0, float("nan"))]
+    said = host_said(rows, [0.15, 0.5, 0.8])
+    # 0.5 x saturation ran no row (a time budget ended the run): it is not listed
+    assert said == ("the host: drift 0.70-1.15 (the reference probe's time beside the repeats over its time in the "
+                    "profile); the latency rows' repeats spread a median 13.0% (5.0% / 30.0% at 0.15 / 0.8 x saturation)")
+    assert "drift not measured" in host_said([row(0.5, "TPOT p50", 1.0, float("nan"))], [0.5])
