@@ -222,12 +222,17 @@ def repeats_at(frac: float, fracs: list[float], repeats: int, most: int) -> int:
     return min(max(repeats, most), max(repeats, round(repeats * frac / min(fracs))))
 
 
+def at_rates(fracs: list[float]) -> str:
+    """'0.15 / 0.5 / 0.8 x saturation': the rates a summary's ' / '-joined figures belong to."""
+    return f"{' / '.join(f'{f:g}' for f in fracs)} x saturation"
+
+
 def said_repeats(fracs: list[float], repeats: int, most: int) -> str:
     """'3 / 9 / 9 repeats at 0.15 / 0.5 / 0.8 x saturation', or '3 repeats' where every rate serves alike."""
     counts = [repeats_at(f, fracs, repeats, most) for f in fracs]
     if len(set(counts)) == 1:
         return f"{counts[0]} repeats"
-    return (f"{' / '.join(map(str, counts))} repeats at {' / '.join(f'{f:g}' for f in fracs)} x saturation "
+    return (f"{' / '.join(map(str, counts))} repeats at {at_rates(fracs)} "
             f"(about as long served at each)")
 
 
@@ -538,7 +543,7 @@ def host_said(rows: list[dict], fracs: list[float]) -> str:
     by_rate = " / ".join(f"{np.median([r['spread_%'] for r in lat if r['x_sat'] == f]):.1f}%" for f in ran)
     return (f"the host: {drift} (the reference probe's time beside the repeats over its time in the profile); "
             f"the latency rows' repeats spread a median {np.median([r['spread_%'] for r in lat]):.1f}% "
-            f"({by_rate} at {' / '.join(f'{f:g}' for f in ran)} x saturation)")
+            f"({by_rate} at {at_rates(ran)})")
 
 
 def write_csv(rows: list[dict], path: str) -> None:
