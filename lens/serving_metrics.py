@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .arrivals import mean_rate
 from .metrics import LATENCIES, latency_stats, summarize, tpot_of
-from .types import Requests
+from .types import Requests, WorkloadRun
 
 #: the order in which an SLO key's statistic ranks (the highest gives a per-request threshold)
 _RANK = {"mean": 50.0, "p50": 50.0, "p90": 90.0, "p99": 99.0}
@@ -149,6 +149,33 @@ def summarize_serving_prediction(requests: Requests, pred, *, chips: int = 1,
         m["goodput_req_s_per_chip"] = m["request_goodput_req_s"] / chips
         m["good_fraction"] = float(good.mean())
     return m
+
+
+def summarize_serving_passes(requests: Requests, runs: Sequence[WorkloadRun], *, chips: int = 1,
+                             slo: RequestSLO | None = None) -> dict[str, Any]:
+    """``summarize_serving`` of passes of ``requests`` served at the same arrivals: each figure the median of the
+    passes' own (each pass summarized as it ran).
+
+    Each pass holds the host's jitter, as each run of a prediction that draws it (``lens.prefill_tail``,
+    ``lens.decode_pace``) does; the median over the passes leaves out a pass that met a slow spell of the host.
+    Not the summary of each request's median over the passes (``WorkloadRun.median_of``): that strips every
+    request of the jitter between passes, so its TTFT p90 sits below what any pass shows, and a prediction of
+    that jitter would be judged against a narrower distribution than the one it predicts.
+    """
+    return median_summary([summarize_serving(requests, ttft_s=r.ttft_s, e2e_s=r.e2e_s, total_s=r.total_s,
+                                             chips=chips, slo=slo) for r in runs])
+
+
+def median_summary(each: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Summaries of passes of one workload as one: each number the passes' median (a count that all share stays
+    a whole number), anything else the first pass's."""
+    if not each:
+        raise ValueError("median_summary: no passes")
+    out: dict[str, Any] = {}
+    for k, v in each[0].items():
+        med = float(np.median([m[k] for m in each])) if isinstance(v, (int, float)) else v
+        out[k] = int(med) if isinstance(v, int) and float(med).is_integer() else med  # counts stay counts
+    return out
 
 
 def range_share(values) -> float:
