@@ -16,7 +16,7 @@ from lens.errors import MissingProfiles
 from lens.metrics import summarize, summarize_prediction, tpot_of
 from lens.noise import median_se
 from lens.serving import predict_serving
-from lens.serving_metrics import summarize_serving, summarize_serving_prediction
+from lens.serving_metrics import median_summary, summarize_serving, summarize_serving_prediction
 from runners import get_runner
 from spaces import ProfileSettings
 from spaces.schema import check, flag_help
@@ -404,10 +404,12 @@ def cmd_measure(args) -> int:
     noise = float(np.mean(median_se(e2e_all)) * 100) if repeats > 1 else None
     per_pass = []
     if serving is not None:
-        summary = summarize_serving(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp, slo=serving[2])
-        if repeats > 1:  # each pass's own percentiles: how far a queue near the knee moves them
-            per_pass = [summarize_serving(requests, ttft_s=r.ttft_s, e2e_s=r.e2e_s, total_s=r.total_s, chips=tp,
-                                          slo=serving[2]) for r in runs]
+        # each pass's own percentiles (how far a queue near the knee moves them), and their median: each pass
+        # holds the host's jitter as the prediction's runs do (lens.serving_metrics.summarize_serving_passes)
+        each = [summarize_serving(requests, ttft_s=r.ttft_s, e2e_s=r.e2e_s, total_s=r.total_s, chips=tp,
+                                  slo=serving[2]) for r in runs]
+        summary = median_summary(each)
+        per_pass = each if repeats > 1 else []
     else:
         summary = summarize(requests, ttft_s=ttft, e2e_s=e2e, total_s=total, chips=tp)
     sim = med.simulated or runner.simulated
@@ -428,8 +430,9 @@ def cmd_measure(args) -> int:
         **_prediction_error(space, cand, profiles, requests, e2e, drift, serving=serving is not None,
                             predicted=pred, reprofiled=dr.profiles if dr is not None else {}),
     }
+    read = f"median of {repeats}" + (" passes' own figures" if serving is not None and repeats > 1 else "")
     label = (f"measurement ({'SIMULATED ' if sim else ''}{space.target.runner} on {space.target.hardware}, "
-             f"median of {repeats}) for {cand.label()} on {space.target.name}")
+             f"{read}) for {cand.label()} on {space.target.name}")
     if serving is not None:
         _serving_out("measured", args, requests, summary, extra, serving, label, sample, ttft, tpot, e2e)
     else:

@@ -6,7 +6,10 @@ left out; ``selection.confirm_pick``); each runs the whole workload sample ``bud
 times as one Ray task (under continuous serving, released at the same arrival times as
 predicted), after a warm-up run that compiles its graphs (all count as hardware seconds),
 and is judged on each request's median over the passes: on a shared host one pass
-scatters by about the tolerance itself. Around the workload the task
+scatters by about the tolerance itself. A served workload (continuous mode) is judged on the
+median of the passes' own figures instead: each pass holds the host's jitter, as each run of
+its prediction does, where each request's median would strip it and read the latency tail
+short. Around the workload the task
 runs probes of the unit again (``search.drift_check``): ``host_drift`` says how much slower
 (> 1) or faster the host was over the run than when it profiled, from its reference probe.
 A confirmation disagreeing by more than ``budget.tolerance`` on any of ``CONFIRM_METRICS`` or
@@ -34,7 +37,7 @@ import numpy as np
 from lens.drift import NO_ACTION, REPROFILED, RESCALED
 from lens.drift import corrected as drift_corrected
 from lens.metrics import summarize
-from lens.serving_metrics import RequestSLO, summarize_serving
+from lens.serving_metrics import RequestSLO, summarize_serving_passes
 from lens.types import BucketProfile, Candidate, Requests
 from spaces import Space
 
@@ -172,8 +175,9 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
             wr, dr = run.workload, run.drift
             ledger.confirm_hardware_s += wr.compile_s + wr.run_s + (dr.hardware_s if dr else 0.0)
             if continuous:
-                meas = summarize_serving(requests, ttft_s=wr.ttft_s, e2e_s=wr.e2e_s, total_s=wr.total_s, chips=c.tp,
-                                         slo=RequestSLO.from_constraints(dict(space.slo)))
+                # each pass holds the host's jitter as the prediction's runs do: the median of the passes' own
+                meas = summarize_serving_passes(requests, run.passes or (wr,), chips=c.tp,
+                                                slo=RequestSLO.from_constraints(dict(space.slo)))
             else:
                 meas = summarize(requests, ttft_s=wr.ttft_s, e2e_s=wr.e2e_s, total_s=wr.total_s, chips=c.tp)
             conf = Confirmation(c, flagged=False, simulated=wr.simulated, passes=space.budget.confirm_repeats,

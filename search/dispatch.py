@@ -77,11 +77,14 @@ def _measure_task(target: Target, tp: int, batch: int, buckets, all_buckets, pro
 
 @dataclass(frozen=True)
 class ConfirmRun:
-    """What a confirmation task measured: the workload, and the host-drift check around it."""
+    """What a confirmation task measured: the workload (each request's median over the passes), the host-drift
+    check around it, and the passes themselves."""
 
     workload: Any
     #: the reference probe's runs, the drift and what was done about it (None: no reference to run)
     drift: "DriftOutcome | None" = None
+    #: each pass's run (a served workload is summarized pass by pass: lens.serving_metrics.summarize_serving_passes)
+    passes: tuple = ()
 
 
 def _confirm_task(target: Target, candidate: Candidate, requests: Requests, check: "DriftCheck | None",
@@ -98,7 +101,8 @@ def _confirm_task(target: Target, candidate: Candidate, requests: Requests, chec
         runner.check_mode(target.serving, requests)  # before compiling anything
         warm = runner.run_workload(candidate, requests.head(candidate.batch))  # compile and warm every graph
         # the same arrivals as predicted, ``repeats`` passes between rounds of the drift check's probes
-        # (search.drift_check); each request's median over the passes is what is judged
+        # (search.drift_check); each request's median over the passes is what is judged (a served workload's
+        # summary: the median of the passes' own)
         runs, drift = checked(runner, Unit(target, candidate.tp, candidate.batch), check,
                               [lambda: runner.run_workload(candidate, requests, mode=target.serving)] * repeats)
         run = WorkloadRun.median_of(runs)
@@ -107,7 +111,7 @@ def _confirm_task(target: Target, candidate: Candidate, requests: Requests, chec
         return
     # the warm-up compiled every graph: its seconds are hardware seconds of the confirmation too
     run = dataclasses.replace(run, compile_s=warm.compile_s + run.compile_s, run_s=warm.run_s + run.run_s)
-    yield ConfirmRun(run, drift)
+    yield ConfirmRun(run, drift, tuple(runs))
 
 
 @dataclass(frozen=True)

@@ -345,8 +345,10 @@ def write_report(run_dir: Path, *, space: Space, front: pd.DataFrame, trials: pd
         lines += ["_not run_\n"]
     else:
         passes = space.budget.confirm_repeats
+        read = (f"the median of {passes} passes' own figures" if space.target.serving == "continuous"
+                else f"each request's median over {passes} passes")
         lines += ["Predicted vs measured on the workload sample"
-                  + (f" (each request's median over {passes} passes)" if passes > 1 else "")
+                  + (f" ({read})" if passes > 1 else "")
                   + f"; an error over {space.budget.tolerance * 100:g}% is flagged.\n"]
         drift = confirm["host_drift"].dropna() if "host_drift" in confirm else pd.Series(dtype=float)
         if len(drift):

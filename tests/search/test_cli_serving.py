@@ -98,8 +98,11 @@ def test_measure_continuous_on_the_simulated_device(profiled, capsys):
                          "--repeats", "2", "--json"])
     assert out["simulated"] is True and out["summary"]["request_throughput_req_s"] > 0
     assert all(t <= e for t, e in zip(out["ttft_s"], out["e2e_s"]))
-    # each pass's own percentiles, and how far they spread (the summary reads each request's median)
+    # each pass's own percentiles, and how far they spread (the summary is their median)
     assert set(out["pass_spread"]) == set(PASS_METRICS) and all(v >= 0 for v in out["pass_spread"].values())
+    assert main(["measure", str(space), *UNIT, *work(space), "--mode", "continuous", "--request-rate", "2",
+                 "--repeats", "2"]) == 0
+    assert "median of 2 passes' own figures" in capsys.readouterr().out
 
 
 def test_measure_continuous_grades_the_serving_prediction_and_reports_the_drift(profiled, capsys):

@@ -104,6 +104,7 @@ def test_continuous_search_end_to_end(tmp_path, ray_local, capsys):
     assert "TTFT p90 pred / meas (err as is / corrected)" in out and "tok/s pred / meas" in out
     report = (rd / "report.md").read_text().split("## Confirmation on the hardware")[1]
     assert "TTFT p90: predicted / measured (error)" in report.split("\n## ")[0]  # the latency objective, served
+    assert "(the median of 3 passes' own figures)" in report.split("\n## ")[0]
     assert json.loads((rd / "run.json").read_text())["target"]["serving"] == "continuous"
     after = pd.read_csv(rd / "pareto.csv")
     assert after["sustainable_rate_req_s"].notna().all()
