@@ -1,7 +1,7 @@
 """Workload-level metrics from per-request latencies (predicted or measured)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -59,6 +59,16 @@ def summarize(
     if decode_padding is not None:
         m["decode_padding"] = decode_padding
     return m
+
+
+def band(point: Mapping[str, Any], low: Mapping[str, Any], high: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+    """Each float figure of ``point`` as an interval: the least and the most of it over ``point`` and the summaries
+    ``low`` and ``high`` of the same prediction on costs one standard error below and above (``UnitTable.shifted``).
+
+    The point is in its band: a queueing percentile need not move monotonically with the costs (one request
+    admitted a step earlier or later moves a p90 either way)."""
+    return {k: (min(low[k], high[k], v), max(low[k], high[k], v)) for k, v in point.items()
+            if isinstance(v, float) and k in low and k in high}
 
 
 def summarize_prediction(requests: Requests, pred, *, chips: int = 1) -> dict[str, Any]:

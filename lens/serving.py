@@ -188,6 +188,16 @@ def predict_serving(table: UnitTable, requests: Requests, *, scheduler: Schedule
     )
 
 
+def predict_band(table: UnitTable, requests: Requests, *,
+                 scheduler: Scheduler = Scheduler()) -> tuple[ServingPrediction, ServingPrediction]:
+    """``predict_serving`` on the table one standard error below and above (every bucket's TTFT_b and TBT_b
+    together, ``UnitTable.shifted``): what a band about the prediction is read from. Near the knee the queue
+    makes a small change of the costs a large one of the latencies, and the band shows how large (a search's
+    front reads its band the same way, with its sustainable rate bisected on each table: ``search.evaluate``)."""
+    low, high = (predict_serving(table.shifted(s), requests, scheduler=scheduler) for s in (-1.0, 1.0))
+    return low, high
+
+
 def _event_loop(arr, lin, lout, ci, ttft, cum, cum_slots, *, batch: int, cap: int, eager: bool, batched: bool,
                 row_s: float = 0.0, admit: tuple[float, float, float] = (0.0, 0.0, 0.0), kv: float = 0.0,
                 resume: tuple[list[float], list[float]] = ([0.0], [0.0]),

@@ -107,6 +107,17 @@ def print_serving(kind: str, summary: Mapping[str, Any], *, arrivals_from: str, 
             print(f"  {k}: {fmt_s(summary[k])}")
 
 
+def band_said(rng: Mapping[str, tuple[float, float]]) -> str:
+    """The prediction's band (``lens.metrics.band``) in ``vllm bench serve``'s names: one line."""
+    shown = [("request_throughput_req_s", "request throughput", 1.0, "req/s")] + [
+        (f"{key}_{stat}_s", f"{'Median' if stat == 'p50' else 'P90'} {name}", 1e3, "ms")
+        for key, name in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2EL")) for stat in ("p50", "p90")]
+    parts = [f"{name} {rng[k][0] * k_:.2f}-{rng[k][1] * k_:.2f} {unit}" for k, name, k_, unit in shown
+             if k in rng and all(math.isfinite(v) for v in rng[k])]
+    return ("Band (every bucket's TTFT_b and TBT_b one standard error lower, then higher): "
+            + (", ".join(parts) or "none (the profiles carry no +-)"))
+
+
 def capacity_of(rs: RateSearch, *, chips: int, slo: Mapping[str, float], max_queue_growth: float) -> dict[str, Any]:
     """The bisection's answer as ``predict --json`` gives it (``capacity``)."""
     return {"sustainable_rate_req_s": rs.rate_req_s, "sustainable_rate_req_s_per_chip": rs.rate_req_s / chips,

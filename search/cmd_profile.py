@@ -13,9 +13,9 @@ from lens.capacity import max_sustainable_rate
 from lens.compose import UnitTable, predict
 from lens.drift import REFERENCE_ONLY, REPROFILED, RESCALED, SIDE_BY_SIDE
 from lens.errors import MissingProfiles
-from lens.metrics import summarize, summarize_prediction, tpot_of
+from lens.metrics import band, summarize, summarize_prediction, tpot_of
 from lens.noise import median_se
-from lens.serving import predict_serving
+from lens.serving import predict_band, predict_serving
 from lens.serving_metrics import median_summary, summarize_serving, summarize_serving_prediction
 from runners import get_runner
 from spaces import ProfileSettings
@@ -26,8 +26,8 @@ from .cli_common import (
     add_cache_arg, add_request_args, add_space_arg, add_unit_args, candidate_from_args, fmt_s, int_arg, int_list,
     mode_of, print_json, requests_for, space_and_unit, table,
 )
-from .cli_serving import (add_serving_args, capacity_of, check_serving_args, print_capacity, print_serving, request_slo,
-                          with_arrivals)
+from .cli_serving import (add_serving_args, band_said, capacity_of, check_serving_args, print_capacity, print_serving,
+                          request_slo, with_arrivals)
 from .cmd_cache import rm_unit_argv
 from .drift_check import DriftCheck, DriftOutcome, checked
 from .passes import (BUDGET_S, LEAST, MOST, TARGET, Passes, choose, noise_line, pass_spread_line, pass_spreads,
@@ -339,6 +339,10 @@ def cmd_predict(args) -> int:
     if serving is not None:
         spred = predict_serving(tbl, requests, scheduler=space.target.scheduler)
         summary = summarize_serving_prediction(requests, spred, chips=tp, slo=serving[2])
+        # how far the profiles' own +- moves it: near the knee a small change of the costs is a large one of
+        # the latencies (lens.serving.predict_band)
+        rng = band(summary, *(summarize_serving_prediction(requests, p, chips=tp, slo=serving[2])
+                              for p in predict_band(tbl, requests, scheduler=space.target.scheduler)))
         # the operator's question: the largest rate of this arrival pattern the unit serves within the space's SLOs
         growth = space.objectives.max_queue_growth
         cap = capacity_of(max_sustainable_rate(tbl, requests, unit_arrival_s=requests.arrival_s * serving[1],
@@ -346,10 +350,11 @@ def cmd_predict(args) -> int:
                                                max_queue_growth=growth),
                           chips=tp, slo=dict(space.slo), max_queue_growth=growth)
         extra = {"mode": mode, "scheduler": str(space.target.scheduler), "profile_source": sources,
-                 "decode_steps": spred.decode_steps, "capacity": cap}
+                 "decode_steps": spred.decode_steps, "capacity": cap, "band": {k: list(v) for k, v in rng.items()}}
         _serving_out("predicted", args, requests, summary, extra, serving, label, sample, spred.ttft_s, spred.tpot_s,
                      spred.e2e_s)
         if not args.json:
+            print(band_said(rng))
             print_capacity(cap)
         return 0
     pred = predict(tbl, requests, mode=mode)

@@ -18,7 +18,7 @@ from lens.buckets import decode_contexts, used_buckets
 from lens.capacity import RateSearch, max_sustainable_rate
 from lens.compose import Prediction, UnitTable, predict
 from lens.errors import LensoptError
-from lens.metrics import summarize_prediction
+from lens.metrics import band, summarize_prediction
 from lens.serving import ServingPrediction, predict_serving
 from lens.serving_metrics import RequestSLO, summarize_serving_prediction
 from lens.types import BucketProfile, Candidate, Requests
@@ -253,13 +253,7 @@ class Evaluator:
             return Evaluation(c, infeasible=str(exc))
         if not all(math.isfinite(metrics[k]) for k in (self.space.objectives.throughput, self.space.objectives.latency)):
             return Evaluation(c, infeasible="objective is undefined for this workload (e.g. TPOT of one-token outputs)")
-        bounds = {}
-        if ends is not None:
-            # the band holds the point itself too: a queueing percentile need not move monotonically with
-            # the costs (one request admitted a step earlier or later moves a p90 either way)
-            lo, hi = ends
-            bounds = {k: (min(lo[k], hi[k], metrics[k]), max(lo[k], hi[k], metrics[k])) for k in metrics
-                      if isinstance(metrics[k], float) and k in lo and k in hi}
+        bounds = band(metrics, *ends) if ends is not None else {}
         return Evaluation(c, metrics=metrics, source=source, prediction=pred, bounds=bounds, capacity=capacity)
 
     def _metrics(self, c: Candidate, pred: Prediction) -> dict:

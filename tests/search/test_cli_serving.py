@@ -194,3 +194,31 @@ def test_predict_says_when_the_cached_admission_offsets_come_from_an_older_metho
     assert "note: the cached tp1 b2's served-admission offsets" in err and "lensopt cache rm" in err
     assert main(["profile", str(space), "--tp", "1", "--batch", "2", "--cache", str(old)]) == 0
     assert "note:" not in capsys.readouterr().err  # a static target reads no offset
+
+
+def test_predict_continuous_gives_the_band_the_profiles_own_error_allows(profiled, capsys):
+    space, cache = profiled
+    args = ["predict", str(space), *UNIT, *work(space), "--mode", "continuous", "--cache", str(cache)]
+
+    def at(rate: float) -> dict:
+        return _json(capsys, [*args, "--request-rate", str(rate), "--json"])
+
+    light = at(0.3)
+    sat = light["capacity"]["saturation_req_s"]
+    busy = at(0.9 * sat)
+    for out in (light, busy):
+        s, b = out["summary"], out["band"]
+        for k in ("request_throughput_req_s", "ttft_p50_s", "ttft_p90_s", "tpot_p90_s", "e2e_p90_s"):
+            assert b[k][0] <= s[k] <= b[k][1], k
+        assert b["ttft_p90_s"][1] > b["ttft_p90_s"][0]  # the sim profiles carry a +-: the band is not a point
+
+    def width(out: dict) -> float:
+        lo, hi = out["band"]["ttft_p90_s"]
+        return (hi - lo) / out["summary"]["ttft_p90_s"]
+
+    # near saturation the queue turns the same +- of the costs into a wider share of the TTFT
+    assert width(busy) > 2 * width(light), (width(light), width(busy))
+    assert main([*args, "--request-rate", "0.3"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Band "))
+    lo, hi = light["band"]["ttft_p90_s"]
+    assert f"P90 TTFT {lo * 1e3:.2f}-{hi * 1e3:.2f} ms" in line and "request throughput" in line
