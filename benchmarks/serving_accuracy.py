@@ -78,8 +78,8 @@ from lens.distributions import sample  # noqa: E402
 from lens.probes import plan_probes, solve  # noqa: E402
 from lens.rows import measured_context  # noqa: E402
 from lens.errors import LensoptError  # noqa: E402
-from lens.serving import TailRuns, predict_serving  # noqa: E402
-from lens.metrics import latency_stats, tpot_of  # noqa: E402
+from lens.serving import TailRuns, predict_band, predict_serving  # noqa: E402
+from lens.metrics import band, latency_stats, tpot_of  # noqa: E402
 from lens.serving_metrics import range_share, summarize_serving, summarize_serving_prediction  # noqa: E402
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
@@ -352,6 +352,9 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 drift = dr.drift.value
                 side = UnitTable.build(cand, {**profiles, **dr.profiles}, policy=target.bucket_policy)
                 corr = summarize_serving_prediction(timed, predict_serving(side, timed, scheduler=sched), chips=tp)
+                # how far the side-by-side profiles' own +- moves it (lens.serving.predict_band)
+                corr_band = band(corr, *(summarize_serving_prediction(timed, p, chips=tp)
+                                         for p in predict_band(side, timed, scheduler=sched)))
                 # the same without the resume cost: what it changes, measured on the same runs
                 bare = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, resume_s=0.0, resume_idle=()), timed,
@@ -403,6 +406,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                                  "corrected_error_%": err(corr[m], med),
                                  "measured_pooled": together[m],
                                  "corrected_pooled_error_%": err(corr[m], together[m]),
+                                 "corrected_low": corr_band[m][0], "corrected_high": corr_band[m][1],
                                  "corrected_at_level": level_of(pooled, m, corr[m]),
                                  "target_level": target_level(m),
                                  "corrected_no_resume_%": err(bare[m], med),
@@ -546,8 +550,21 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
         print(f"latency rows outside 10% corrected: {len(off)}; their corrected prediction lies {np.median(pts):.1f} "
               f"percentile points (median; max {pts.max():.1f}) from the measured percentile it predicts: "
               + ", ".join(f"{r['metric']} at {r['x_sat']:g} x sat: p{r['corrected_at_level']:.1f}" for r, _ in off))
+    print(band_said(rows))
     if csv_path:
         write_csv(rows, csv_path)
+
+
+def band_said(rows: list[dict]) -> str:
+    """How many rows outside 10% corrected have their measured median inside the corrected prediction's band (every
+    bucket's TTFT_b and TBT_b of the side-by-side profiles one standard error lower, then higher): a miss the
+    profiles' own +- accounts for, where the queue makes that +- a large share of the latency."""
+    out = [r for r in rows if abs(r["corrected_error_%"]) > 10]
+    inside = [r for r in out if r["corrected_low"] <= r["measured"] <= r["corrected_high"]]
+    by_rate = sorted({r["x_sat"] for r in inside})
+    return (f"rows outside 10% corrected whose measured median lies in the corrected prediction's band (the "
+            f"side-by-side profiles' +- one standard error): {len(inside)} of {len(out)}"
+            + (f" (at {', '.join(f'{f:g}' for f in by_rate)} x saturation)" if inside else ""))
 
 
 def host_said(rows: list[dict], fracs: list[float]) -> str:

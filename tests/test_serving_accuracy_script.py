@@ -151,3 +151,19 @@ def test_the_summary_says_how_steady_the_host_was(monkeypatch):
     assert said == ("the host: drift 0.70-1.15 (the reference probe's time beside the repeats over its time in the "
                     "profile); the latency rows' repeats spread a median 13.0% (5.0% / 30.0% at 0.15 / 0.8 x saturation)")
     assert "drift not measured" in host_said([row(0.5, "TPOT p50", 1.0, float("nan"))], [0.5])
+
+
+def test_the_summary_counts_the_misses_inside_the_corrected_predictions_band(monkeypatch):
+    """A row outside 10% whose measured median lies within the corrected prediction's band is counted; a row within
+    10% is not a miss, and one whose measurement lies past its band is not inside."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from benchmarks.serving_accuracy import band_said
+
+    def row(x, err, measured, low, high):
+        return {"x_sat": x, "corrected_error_%": err, "measured": measured, "corrected_low": low,
+                "corrected_high": high}
+
+    rows = [row(0.15, 2.0, 1.0, 0.9, 1.1), row(0.8, 40.0, 1.0, 0.8, 1.6), row(0.8, -30.0, 1.0, 0.6, 0.9),
+            row(0.5, 12.0, 1.0, 1.0, 1.2)]
+    assert band_said(rows).endswith("standard error): 2 of 3 (at 0.5, 0.8 x saturation)")
+    assert band_said(rows[:1]).endswith("standard error): 0 of 0")
