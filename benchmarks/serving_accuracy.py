@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -80,7 +79,8 @@ from lens.rows import measured_context  # noqa: E402
 from lens.errors import LensoptError  # noqa: E402
 from lens.serving import TailRuns, predict_band, predict_serving  # noqa: E402
 from lens.metrics import band, latency_stats, tpot_of  # noqa: E402
-from lens.serving_metrics import range_share, summarize_serving, summarize_serving_prediction  # noqa: E402
+from lens.serving_metrics import (median_summary, range_share, summarize_serving,  # noqa: E402
+                                  summarize_serving_prediction)
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
@@ -394,11 +394,12 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                     chips=tp)
                 meas = [summarize_serving(timed, ttft_s=run.ttft_s, e2e_s=run.e2e_s, total_s=run.total_s, chips=tp)
                         for run in runs]
+                medians = median_summary(meas)  # as lensopt measure reads served passes
                 pooled = pooled_latencies(timed, runs)
-                together = read_together(pooled, meas)
+                together = read_together(pooled, medians)
                 for m in METRICS:
                     vals = [x[m] for x in meas]
-                    med = statistics.median(vals)
+                    med = medians[m]
                     rows.append({"unit": f"{target.hardware} tp{tp} b{batch}", "workload": wname,
                                  "rate_req_s": rate, "x_sat": frac, "metric": SHORT[m], "predicted": pred[m], "measured": med,
                                  "repeats": len(vals), "spread_%": range_share(vals) * 100,
@@ -444,10 +445,10 @@ def pooled_latencies(timed: Requests, runs) -> dict[str, np.ndarray]:
     return {"ttft": ttft, "tpot": tpot_of(ttft, e2e, out_len), "e2e": e2e}
 
 
-def read_together(pooled: dict[str, np.ndarray], meas: list[dict]) -> dict[str, float]:
+def read_together(pooled: dict[str, np.ndarray], medians: dict) -> dict[str, float]:
     """The measurement read as the prediction reads its runs: each latency's percentiles over every repeat's
-    requests pooled (``pooled_latencies``); the request throughput the repeats' median."""
-    out = {"request_throughput_req_s": statistics.median(x["request_throughput_req_s"] for x in meas)}
+    requests pooled (``pooled_latencies``); the request throughput the repeats' median (``medians``)."""
+    out = {"request_throughput_req_s": medians["request_throughput_req_s"]}
     for kind, x in pooled.items():
         out.update(latency_stats(kind, x))
     return out
