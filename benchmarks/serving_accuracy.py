@@ -350,6 +350,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                                    [lambda: runner.run_workload(cand, timed, mode="continuous")]
                                    * repeats_at(frac, fracs, args.repeats, args.max_repeats))
                 drift = dr.drift.value
+                moved = rounds_moved(dr.rounds_s, check.reference.cached_s)
                 side = UnitTable.build(cand, {**profiles, **dr.profiles}, policy=target.bucket_policy)
                 corr = summarize_serving_prediction(timed, predict_serving(side, timed, scheduler=sched), chips=tp)
                 # how far the side-by-side profiles' own +- moves it (lens.serving.predict_band)
@@ -403,7 +404,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                     rows.append({"unit": f"{target.hardware} tp{tp} b{batch}", "workload": wname,
                                  "rate_req_s": rate, "x_sat": frac, "metric": SHORT[m], "predicted": pred[m], "measured": med,
                                  "repeats": len(vals), "spread_%": range_share(vals) * 100,
-                                 "error_%": err(pred[m], med), "drift": drift,
+                                 "error_%": err(pred[m], med), "drift": drift, "drift_rounds_moved_%": moved,
                                  "corrected_error_%": err(corr[m], med),
                                  "measured_pooled": together[m],
                                  "corrected_pooled_error_%": err(corr[m], together[m]),
@@ -552,6 +553,7 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
               f"percentile points (median; max {pts.max():.1f}) from the measured percentile it predicts: "
               + ", ".join(f"{r['metric']} at {r['x_sat']:g} x sat: p{r['corrected_at_level']:.1f}" for r, _ in off))
     print(band_said(rows))
+    print(moved_said(rows))
     if csv_path:
         write_csv(rows, csv_path)
 
@@ -566,6 +568,31 @@ def band_said(rows: list[dict]) -> str:
     return (f"rows outside 10% corrected whose measured median lies in the corrected prediction's band (the "
             f"side-by-side profiles' +- one standard error): {len(inside)} of {len(out)}"
             + (f" (at {', '.join(f'{f:g}' for f in by_rate)} x saturation)" if inside else ""))
+
+
+def rounds_moved(rounds_s, cached_s: float) -> float:
+    """How far the host moved while a rate served, in percent: the range of the drift probe rounds' medians (before,
+    between and after the repeats) over the profile's reference time. Each round holds one or a few runs, so a
+    steady host still shows a few percent; nan with fewer than two rounds."""
+    drifts = [float(np.median(r)) / cached_s for r in rounds_s if len(r)]
+    return (max(drifts) - min(drifts)) * 100 if len(drifts) >= 2 else float("nan")
+
+
+def moved_said(rows: list[dict]) -> str:
+    """Whether the misses are where the host moved: the share of latency rows outside and inside 10% corrected
+    whose drift rounds ranged over more than 10%."""
+    lat = [r for r in rows if r["metric"] != SHORT["request_throughput_req_s"]
+           and not np.isnan(r.get("drift_rounds_moved_%", float("nan")))]
+    out = [r for r in lat if abs(r["corrected_error_%"]) > 10]
+    hit = [r for r in lat if abs(r["corrected_error_%"]) <= 10]
+    if not lat:
+        return "the host's motion between the drift rounds: not measured"
+
+    def share(rs):
+        return (f"{sum(r['drift_rounds_moved_%'] > 10 for r in rs)} of {len(rs)} (rounds' range median "
+                f"{np.median([r['drift_rounds_moved_%'] for r in rs]):.1f}%)" if rs else "none")
+    return (f"latency rows whose drift rounds (the reference probe before, between and after the repeats) ranged over "
+            f"more than 10% of its profile time: outside 10% corrected {share(out)}; within {share(hit)}")
 
 
 def host_said(rows: list[dict], fracs: list[float]) -> str:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.trace_files import trace_path
@@ -167,3 +168,23 @@ def test_the_summary_counts_the_misses_inside_the_corrected_predictions_band(mon
             row(0.5, 12.0, 1.0, 1.0, 1.2)]
     assert band_said(rows).endswith("standard error): 2 of 3 (at 0.5, 0.8 x saturation)")
     assert band_said(rows[:1]).endswith("standard error): 0 of 0")
+
+
+def test_the_drift_rounds_range_and_the_misses_where_the_host_moved(monkeypatch):
+    """A rate's drift rounds give their range over the profile's reference time; the summary counts, among misses
+    and hits apart, the latency rows whose rounds ranged over more than 10% (throughput and unmeasured rows left out)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from benchmarks.serving_accuracy import moved_said, rounds_moved
+
+    assert rounds_moved(((0.010, 0.012), (0.011,), (0.0105, 0.0095, 0.010)), 0.010) == pytest.approx(10.0)
+    assert np.isnan(rounds_moved(((0.010,),), 0.010))
+
+    def row(metric, err, moved):
+        return {"metric": metric, "corrected_error_%": err, "drift_rounds_moved_%": moved}
+
+    rows = [row("TTFT p50", 25.0, 18.0), row("TTFT p90", -12.0, 4.0), row("E2E p50", 3.0, 12.0),
+            row("TPOT p50", 1.0, 2.0), row("TPOT p90", 2.0, 6.0), row("throughput", 40.0, 30.0),
+            row("E2E p90", 50.0, float("nan"))]
+    assert moved_said(rows).endswith("outside 10% corrected 1 of 2 (rounds' range median 11.0%); "
+                                     "within 1 of 3 (rounds' range median 6.0%)")
+    assert moved_said(rows[-2:]).endswith("not measured")
