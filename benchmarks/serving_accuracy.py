@@ -579,20 +579,24 @@ def rounds_moved(rounds_s, cached_s: float) -> float:
 
 
 def moved_said(rows: list[dict]) -> str:
-    """Whether the misses are where the host moved: the share of latency rows outside and inside 10% corrected
-    whose drift rounds ranged over more than 10%."""
+    """Whether the misses are where the host moved: the latency rows within 10% corrected, apart for the rates whose
+    drift rounds ranged over at most 10% (the host held) and over more (it moved while serving)."""
     lat = [r for r in rows if r["metric"] != SHORT["request_throughput_req_s"]
            and not np.isnan(r.get("drift_rounds_moved_%", float("nan")))]
-    out = [r for r in lat if abs(r["corrected_error_%"]) > 10]
-    hit = [r for r in lat if abs(r["corrected_error_%"]) <= 10]
     if not lat:
         return "the host's motion between the drift rounds: not measured"
 
-    def share(rs):
-        return (f"{sum(r['drift_rounds_moved_%'] > 10 for r in rs)} of {len(rs)} (rounds' range median "
-                f"{np.median([r['drift_rounds_moved_%'] for r in rs]):.1f}%)" if rs else "none")
-    return (f"latency rows whose drift rounds (the reference probe before, between and after the repeats) ranged over "
-            f"more than 10% of its profile time: outside 10% corrected {share(out)}; within {share(hit)}")
+    def hits(rs):
+        if not rs:
+            return "none"
+        within = sum(abs(r["corrected_error_%"]) <= 10 for r in rs)
+        return (f"{within}/{len(rs)} within 10% corrected (rounds' range median "
+                f"{np.median([r['drift_rounds_moved_%'] for r in rs]):.1f}%)")
+    held = [r for r in lat if r["drift_rounds_moved_%"] <= 10]
+    moved = [r for r in lat if r["drift_rounds_moved_%"] > 10]
+    return (f"latency rows by the host's motion while they served (the range of the reference probe's rounds before, "
+            f"between and after the repeats, over its profile time): held within 10%: {hits(held)}; "
+            f"moved more: {hits(moved)}")
 
 
 def host_said(rows: list[dict], fracs: list[float]) -> str:
