@@ -353,6 +353,9 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 moved = rounds_moved(dr.rounds_s, check.reference.cached_s)
                 side = UnitTable.build(cand, {**profiles, **dr.profiles}, policy=target.bucket_policy)
                 corr = summarize_serving_prediction(timed, predict_serving(side, timed, scheduler=sched), chips=tp)
+                # each repeat predicted at the host's speed in the rounds either side of it (lens.drift.round_speeds),
+                # the passes' figures read as the measured ones are (their median)
+                at_pass = per_pass(timed, side, sched, tp, dr.round_speeds, len(runs))
                 # how far the side-by-side profiles' own +- moves it (lens.serving.predict_band)
                 corr_band = band(corr, *(summarize_serving_prediction(timed, p, chips=tp)
                                          for p in predict_band(side, timed, scheduler=sched)))
@@ -406,6 +409,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                                  "repeats": len(vals), "spread_%": range_share(vals) * 100,
                                  "error_%": err(pred[m], med), "drift": drift, "drift_rounds_moved_%": moved,
                                  "corrected_error_%": err(corr[m], med),
+                                 "corrected_per_pass_%": err(at_pass[m], med),
                                  "measured_pooled": together[m],
                                  "corrected_pooled_error_%": err(corr[m], together[m]),
                                  "corrected_low": corr_band[m][0], "corrected_high": corr_band[m][1],
@@ -425,6 +429,19 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 if args.csv:
                     write_csv(rows, args.csv)
     return rows
+
+
+def per_pass(timed: Requests, table: UnitTable, sched, chips: int, speeds: tuple[float, ...], passes: int) -> dict:
+    """The median of the repeats' predictions, each at the host's speed around it: the geometric mean of the drift
+    rounds before and after it (``search.drift_check`` runs one round before each repeat and one after the last).
+    The side-by-side table is the host at the rounds' whole speed, so a repeat that served while the host was 10%
+    slower is predicted on the table 10% slower, queueing included. All nan when the rounds do not bracket the
+    repeats."""
+    if len(speeds) != passes + 1 or not all(np.isfinite(speeds)):
+        return {m: float("nan") for m in METRICS}
+    return median_summary([summarize_serving_prediction(
+        timed, predict_serving(table.slowed(float(np.sqrt(speeds[i] * speeds[i + 1]))), timed, scheduler=sched),
+        chips=chips) for i in range(passes)])
 
 
 def added_tail(timed: Requests, table: UnitTable, sched, chips: int) -> dict:
@@ -516,6 +533,8 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
           "the prediction reads its own runs)")
     print(host_said(rows, fracs))
     for key, what in (("error_%", "|error|"), ("corrected_error_%", "|error| corrected for drift"),
+                      ("corrected_per_pass_%", "|error| corrected for drift, each repeat predicted at the host's speed "
+                                               "in the drift rounds either side of it"),
                       ("corrected_pooled_error_%", "|error| corrected for drift, against every repeat's requests "
                                                    "read together (the throughput: the median repeat's)"),
                       ("corrected_no_resume_%", "|error| corrected for drift, without the resume cost (lens.resume)"),

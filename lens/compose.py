@@ -158,6 +158,22 @@ class UnitTable:
             self, ttft_s=np.maximum(self.ttft_s + sigmas * z(self.ttft_err_s, len(self.ttft_s)), 0.0),
             tbt_s=np.maximum(self.tbt_s + sigmas * z(self.tbt_err_s, len(self.tbt_s)), 0.0))
 
+    def slowed(self, factor: float) -> "UnitTable":
+        """The table on a host ``factor`` times slower (1.1: 10% slower; ``lens.drift.round_speeds``): every
+        device and host second scaled, idle spells and the relative wanders (tail shape, decode pace) as they are."""
+        f = float(factor)
+        if not np.isfinite(f) or f <= 0:
+            raise ValueError(f"a host speed factor is a positive number, not {factor!r}")
+        sc = lambda a: None if a is None else a * f  # noqa: E731
+        return dataclasses.replace(
+            self, ttft_s=self.ttft_s * f, tbt_s=self.tbt_s * f, ttft_err_s=sc(self.ttft_err_s),
+            tbt_err_s=sc(self.tbt_err_s), row_s=self.row_s * f, admit_first_s=self.admit_first_s * f,
+            admit_next_s=self.admit_next_s * f, admit_busy_s=self.admit_busy_s * f, kv_token_s=self.kv_token_s * f,
+            resume_s=self.resume_s * f, resume_idle=tuple((idle, cost * f) for idle, cost in self.resume_idle),
+            resume_busy=tuple((took * f, cost * f) for took, cost in self.resume_busy),
+            prefill_tail=tuple(x * f for x in self.prefill_tail),
+            prefill_tail_median_s=self.prefill_tail_median_s * f)
+
     def decode_costs(self) -> tuple[float, np.ndarray, float]:
         """What a decode step is composed from: (kv, per-bucket step seconds, host seconds per free row).
 

@@ -98,6 +98,24 @@ def drift_of(ref: Reference, times_s: Sequence[float], *, draws: int = DRAWS, se
     return Drift(host_drift(ref, now), float(spread(ratio)))
 
 
+def round_speeds(rounds: Sequence[Mapping[object, Sequence[float]]]) -> tuple[float, ...]:
+    """The host's speed in each round of probes run around a piece of work (before it, between its chunks, after
+    it), 1.10 a round 10% slower than the rounds' whole: each run's time over its probe's median over every round,
+    and the median of those ratios in the round (nan for a round without runs). ``rounds[i]`` maps a probe to its
+    times in round i. The drift says how the host compares with its profile; this, how it moved during the work.
+    """
+    pooled: dict[object, list[float]] = {}
+    for r in rounds:
+        for k, ts in r.items():
+            pooled.setdefault(k, []).extend(ts)
+    mid = {k: float(np.median(v)) for k, v in pooled.items() if v}
+    out = []
+    for r in rounds:
+        ratios = [t / mid[k] for k, ts in r.items() for t in ts if mid.get(k, 0.0) > 0]
+        out.append(float(np.median(ratios)) if ratios else float("nan"))
+    return tuple(out)
+
+
 #: what a measurement did about the host's drift before it was judged
 NO_REFERENCE, NO_ACTION, RESCALED, REPROFILED = "no reference", "none", "rescaled", "reprofiled"
 #: how a measurement checks the drift (``budget.drift_check``): the probes of every bucket the

@@ -37,7 +37,7 @@ from typing import Callable, Mapping, Sequence, TypeVar
 from lens.admission import unit_admission
 from lens.buckets import decode_contexts, used_buckets
 from lens.context_cost import unit_context_cost
-from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Reference, action, drift_of,
+from lens.drift import (REFERENCE_REPEATS, REPROFILED, SIDE_BY_SIDE, Drift, Reference, action, drift_of, round_speeds,
                         reference_probe)
 from lens.errors import one_line
 from lens.decode_pace import unit_pace
@@ -171,6 +171,8 @@ class DriftOutcome:
     side_by_side: bool = False
     #: buckets whose side-by-side runs were not tight and were run again right after the work
     run_again: tuple[int, ...] = ()
+    #: the host's speed in each round, over the rounds' whole (``lens.drift.round_speeds``; every probe's runs)
+    round_speeds: tuple[float, ...] = ()
 
     @property
     def run_again_said(self) -> str:
@@ -204,6 +206,7 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
     times: dict[tuple, list[float]] = {key(p): [] for p in check.probes}
     ref_key = key(check.reference.probe)
     rounds: list[tuple[float, ...]] = []
+    each_round: list[dict[tuple, tuple[float, ...]]] = []
     hw = 0.0
     last = None
 
@@ -214,6 +217,7 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
         last = res
         for r in res.runs:
             times[key(r.probe)].extend(r.times_s)
+        each_round.append({key(r.probe): tuple(r.times_s) for r in res.runs})
         rounds.append(tuple(next(r.times_s for r in res.runs if key(r.probe) == ref_key)))
 
     out: list[T] = []
@@ -222,6 +226,7 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
         out.append(work())
     probe_round(rounds_n - 1)
     d = drift_of(check.reference, times[ref_key])
+    speeds = round_speeds(each_round)
     if check.side_by_side:
         def pooled():
             return [dataclasses.replace(r, probe=dataclasses.replace(r.probe, repeats=len(times[key(r.probe)])),
@@ -247,18 +252,19 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
         # judged on the profiles taken with the work; failing those, as the reference alone would be
         what = REPROFILED if fresh else action(d, tolerance=check.tolerance, reprofile_above=float("inf"),
                                                 rescalable=check.rescalable)
-        return out, DriftOutcome(d, what, tuple(rounds), hw, fresh, hw if fresh else 0.0, note, True, again)
+        return out, DriftOutcome(d, what, tuple(rounds), hw, fresh, hw if fresh else 0.0, note, True, again, speeds)
     what = action(d, tolerance=check.tolerance, reprofile_above=check.reprofile_above, rescalable=check.rescalable)
     if what != REPROFILED:
-        return out, DriftOutcome(d, what, tuple(rounds), hw)
+        return out, DriftOutcome(d, what, tuple(rounds), hw, round_speeds=speeds)
     try:
         m = measure_unit(unit.target, tp=unit.tp, batch=unit.batch, buckets=check.buckets,
                          all_buckets=check.all_buckets, profile=check.profile, runner=runner)
     except NoisyMeasurement as exc:  # judged as a smaller drift would be, and the reason kept
         fallback = action(d, tolerance=check.tolerance, reprofile_above=float("inf"), rescalable=check.rescalable)
-        return out, DriftOutcome(d, fallback, tuple(rounds), hw, note=f"re-profiling failed: {one_line(exc)}")
+        return out, DriftOutcome(d, fallback, tuple(rounds), hw, note=f"re-profiling failed: {one_line(exc)}",
+                                 round_speeds=speeds)
     spent = m.compile_s + m.run_s
-    return out, DriftOutcome(d, REPROFILED, tuple(rounds), hw + spent, dict(m.profiles), spent)
+    return out, DriftOutcome(d, REPROFILED, tuple(rounds), hw + spent, dict(m.profiles), spent, round_speeds=speeds)
 
 
 def _solved(fits: Mapping[int, BucketFit], check: DriftCheck, name: str,

@@ -189,3 +189,23 @@ def test_the_drift_rounds_range_and_the_misses_where_the_host_moved(monkeypatch)
     assert moved_said(rows).endswith("held within 10%: 2/3 within 10% corrected (rounds' range median 4.0%); "
                                      "moved more: 1/2 within 10% corrected (rounds' range median 15.0%)")
     assert moved_said(rows[-2:]).endswith("not measured")
+
+
+def test_each_repeat_is_predicted_at_the_hosts_speed_in_the_rounds_either_side(monkeypatch):
+    """Rounds at the table's own speed give the single prediction; rounds 20% slower around every repeat give a
+    later one; rounds that do not bracket the repeats give nothing (nan), not a guess."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "lens"))
+    from benchmarks.serving_accuracy import per_pass
+    from lens.serving import Scheduler, predict_serving
+    from lens.serving_metrics import summarize_serving_prediction
+    from lens.types import Requests
+    from servingkit import table
+
+    t = table(2)
+    req = Requests([4, 12, 5, 6, 9], [3, 5, 4, 2, 6], np.array([0.0, 0.5, 1.0, 1.5, 2.0]))
+    one = summarize_serving_prediction(req, predict_serving(t, req, scheduler=Scheduler()), chips=1)
+    assert per_pass(req, t, Scheduler(), 1, (1.0, 1.0, 1.0), 2) == pytest.approx(one)
+    slow = per_pass(req, t, Scheduler(), 1, (1.2, 1.2, 1.2, 1.2), 3)
+    assert slow["ttft_p50_s"] > 1.19 * one["ttft_p50_s"] and slow["e2e_p90_s"] > 1.19 * one["e2e_p90_s"]
+    assert all(np.isnan(v) for v in per_pass(req, t, Scheduler(), 1, (1.0, 1.0), 2).values())

@@ -57,3 +57,13 @@ def test_what_is_done_about_a_drift(drift, err, rescalable, expected):
 def test_no_reference_and_reprofile_at_any_drift_that_counts():
     assert action(None, tolerance=0.05, reprofile_above=0.10) == "no reference"
     assert action(Drift(1.06, 0.001), tolerance=0.05, reprofile_above=0.0) == "reprofiled"
+
+
+def test_each_rounds_speed_is_its_runs_over_their_probes_median_over_every_round():
+    from lens.drift import round_speeds
+
+    rounds = [{"a": (1.0,), "b": (2.0,)}, {"a": (1.2,), "b": (2.4,)}, {"a": (1.0, 1.0), "b": (2.0,)}, {}]
+    got = round_speeds(rounds)
+    assert got[:3] == pytest.approx((1.0, 1.2, 1.0))
+    assert np.isnan(got[3])  # a round without runs says nothing
+    assert round_speeds([]) == ()

@@ -361,3 +361,19 @@ def test_refusals_are_one_line_user_errors():
         Scheduler(max_prefills=-1)
     with pytest.raises(UserError, match="prefill_priority"):
         Scheduler(prefill_priority="fifo")
+
+
+def test_a_slowed_table_serves_a_lone_request_that_much_later_and_a_queue_more():
+    """On a host 25% slower every second of a lone request's TTFT and E2E is 25% longer (admission offsets and
+    resume costs too); where requests queue, the wait grows by more than that."""
+    t = table(2, admit=(0.05, 0.02), resume=0.1, by_idle=((0.0, 0.1), (1.0, 0.2)))
+    far = Requests([4, 12], [3, 5], np.array([0.0, 100.0]))
+    base, slow = predict_serving(t, far), predict_serving(t.slowed(1.25), far)
+    assert slow.first_s - far.arrival_s == pytest.approx(1.25 * (base.first_s - far.arrival_s))
+    assert slow.finish_s - far.arrival_s == pytest.approx(1.25 * (base.finish_s - far.arrival_s))
+    close_by = Requests([4, 12, 5, 6], [3, 5, 4, 2], np.array([0.0, 0.1, 0.2, 0.3]))
+    base, slow = predict_serving(t, close_by), predict_serving(t.slowed(1.25), close_by)
+    assert (slow.first_s - close_by.arrival_s)[-1] > 1.25 * (base.first_s - close_by.arrival_s)[-1]
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="positive"):
+            t.slowed(bad)

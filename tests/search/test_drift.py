@@ -492,3 +492,37 @@ def test_the_side_by_side_profiles_carry_the_served_costs_their_probes_cannot_se
     assert dr.side_by_side and dr.profiles
     for p in dr.profiles.values():
         assert {k: getattr(p, k) for k in served} == served
+
+
+def test_the_rounds_around_the_work_say_how_the_host_moved_during_it():
+    """A host 30% slower in the second round only: the drift over all rounds hides it, the rounds' speeds show it
+    (each round over the rounds' whole, from every probe's runs), side by side and with the reference alone."""
+    from lens.probes import plan_probes, solve
+    from lens.types import Candidate, ModelShape, ProfileResult, Requests, Target, Unit
+    from search.drift_check import DriftCheck, checked
+    from spaces import Budget, ProfileSettings
+
+    class Slowing(Scripted):
+        def __init__(self, by_call):
+            super().__init__()
+            self.by_call = by_call
+
+        def profile(self, unit, probes):
+            res = super().profile(unit, probes)
+            f = self.by_call[self.calls - 1]
+            return ProfileResult(tuple(dataclasses.replace(r, times_s=tuple(t * f for t in r.times_s))
+                                       for r in res.runs), 0.0, res.run_s * f, "scripted", simulated=True)
+
+    target = Target(name="t", runner="sim", hardware="inf2", bucket_policy="exclusive", dtype="bfloat16",
+                    model=ModelShape(layers=2, hidden=64, heads=2, kv_heads=1, intermediate=128, vocab=256))
+    unit, buckets = Unit(target, 1, 2), (64, 128)
+    cached = solve(Scripted().profile(unit, plan_probes(buckets, policy="exclusive", max_output=32, repeats=5)).runs,
+                   batch=2, max_spread=0.05)
+    req = Requests([30, 90, 100], [8, 12, 5])  # prompts in both buckets
+    for how in ("side-by-side", "reference"):
+        check = DriftCheck.build(target, Candidate(1, 2, buckets, buckets), req, cached,
+                                 budget=Budget(drift_check=how), profile=ProfileSettings(), all_buckets=buckets)
+        _, dr = checked(Slowing([1.0, 1.3, 1.0, 1.0]), unit, check, [lambda: "pass"] * 3)
+        assert len(dr.round_speeds) == 4, how
+        assert dr.round_speeds == pytest.approx((1.0, 1.3, 1.0, 1.0), rel=0.02), how
+        assert dr.drift.value == pytest.approx(1.0, rel=0.02), how  # the median over the rounds: the host as usual
