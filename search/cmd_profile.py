@@ -271,7 +271,8 @@ def _report(kind: str, requests, ttft, tpot, e2e, summary: dict, extra: dict, as
 
 
 #: the measurement's drift figures, printed on a line of their own (``_drift_line``)
-DRIFT_KEYS = ("host_drift", "host_drift_err", "drift_significant", "drift_action", "drift_note")
+DRIFT_KEYS = ("host_drift", "host_drift_err", "drift_significant", "drift_action", "drift_note", "round_speeds",
+              "host_moved")
 #: figures of ``extra`` that are shares (0..1), printed as percentages
 SHARES = ("spread", "spread_max", "prefill_padding", "decode_padding")
 
@@ -511,7 +512,10 @@ def _drift_extra(dr: DriftOutcome, check: DriftCheck, tolerance: float) -> dict:
                                "output_len": ref.probe.output_len, "profiled_s": ref.cached_s,
                                "now_s": dr.drift.value * ref.cached_s, "times_before_s": list(dr.times_before_s),
                                "times_after_s": list(dr.times_after_s),
-                               "times_by_round_s": [list(r) for r in dr.rounds_s]}}
+                               "times_by_round_s": [list(r) for r in dr.rounds_s]},
+           "round_speeds": list(dr.round_speeds)}
+    if np.isfinite(dr.moved):
+        out["host_moved"] = dr.moved
     if dr.profiles:
         out["reprofiled"] = {"buckets": sorted(dr.profiles), "hardware_s": dr.reprofile_s,
                              "side_by_side": dr.side_by_side, "run_again": list(dr.run_again)}
@@ -551,4 +555,5 @@ def _drift_line(dr: DriftOutcome | None, check: DriftCheck | None, budget) -> st
     line = (f"host_drift: {d.value:.3f} +- {d.err:.3f} -- the reference probe (bucket {p.bucket}, {p.input_len} in, "
             f"{p.output_len} out; {where}) took {d.value * ref.cached_s:.4g} s now, "
             f"{ref.cached_s:.4g} s in the profile: the host is {abs(d.value - 1):.1%} {how}, {verdict}")
-    return line + (f" ({dr.note})" if dr.note else "")
+    moved = dr.moved_said(budget.drift_tolerance)
+    return line + (f" ({dr.note})" if dr.note else "") + (f"; {moved}" if moved else "")

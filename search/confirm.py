@@ -188,6 +188,8 @@ def confirm_front(front: Sequence[Evaluation], k: int, *, space: Space, requests
             over = conf.beyond(space.budget.tolerance)
             if conf.judged_corrected:
                 log(f"  {c.label()}: {_drift_said(dr, checks[c])}")
+            if dr is not None and (moved := dr.moved_said(space.budget.drift_tolerance)):
+                log(f"  {c.label()}: {moved}")
             out.append(dataclasses.replace(conf, flagged=bool(over), flagged_on=over))
         shown.update(1)
         if cap is not None and ledger.confirm_hardware_s >= cap:

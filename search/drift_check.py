@@ -34,6 +34,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence, TypeVar
 
+import numpy as np
+
 from lens.admission import unit_admission
 from lens.buckets import decode_contexts, used_buckets
 from lens.context_cost import unit_context_cost
@@ -179,6 +181,23 @@ class DriftOutcome:
         """The buckets run again, for a log line ("" when none were)."""
         return (f"bucket(s) {', '.join(map(str, self.run_again))} run again after the work, not being tight"
                 if self.run_again else "")
+
+    @property
+    def moved(self) -> float:
+        """How far the host's speed moved during the work: the range of ``round_speeds`` (0.3: by 30% of its
+        speed over all the rounds); nan with fewer than two rounds measured."""
+        v = [x for x in self.round_speeds if np.isfinite(x)]
+        return max(v) - min(v) if len(v) >= 2 else float("nan")
+
+    def moved_said(self, tolerance: float) -> str:
+        """A clause for a log line when the host moved by more than twice ``tolerance`` during the work ("" when it
+        held): a pass served while the host was slow queues more than a prediction at its average speed."""
+        if not self.moved > 2 * tolerance:
+            return ""
+        v = [x for x in self.round_speeds if np.isfinite(x)]
+        return (f"between the {len(v)} rounds the host's speed ranged {min(v):.2f}-{max(v):.2f}x its speed over "
+                f"all of them: passes served while it was slower queue more than the prediction at that average, "
+                f"so part of any error is the host's")
 
     @property
     def times_before_s(self) -> tuple[float, ...]:

@@ -97,6 +97,8 @@ def test_measure_judges_the_runs_on_the_buckets_profiled_side_by_side_with_them(
     # rounds before, between and after the 3 passes, the reference probe in every one
     rounds = quiet["reference_probe"]["times_by_round_s"]
     assert len(rounds) == 4 and all(len(r) >= 1 for r in rounds) and sum(map(len, rounds)) >= 5
+    # the host's speed round by round (every probe's runs): a quiet toy host held
+    assert len(quiet["round_speeds"]) == 4 and quiet["host_moved"] < 0.05
     # every bucket the held-out requests use (all three), probed side by side with the runs
     assert quiet["reprofiled"]["buckets"] == [64, 128, 256] and quiet["reprofiled"]["side_by_side"] is True
     assert quiet["reprofiled"]["hardware_s"] > 0 and quiet["drift_action"] == "reprofiled"
@@ -526,3 +528,9 @@ def test_the_rounds_around_the_work_say_how_the_host_moved_during_it():
         assert len(dr.round_speeds) == 4, how
         assert dr.round_speeds == pytest.approx((1.0, 1.3, 1.0, 1.0), rel=0.02), how
         assert dr.drift.value == pytest.approx(1.0, rel=0.02), how  # the median over the rounds: the host as usual
+        assert dr.moved == pytest.approx(0.3, abs=0.03), how
+        said = dr.moved_said(0.05)
+        lo, hi = re.search(r"between the 4 rounds the host's speed ranged ([\d.]+)-([\d.]+)x", said).groups()
+        assert float(lo) == pytest.approx(1.0, abs=0.02) and float(hi) == pytest.approx(1.3, abs=0.02), how
+    _, dr = checked(Slowing([1.0, 1.05, 1.0, 1.0]), unit, check, [lambda: "pass"] * 3)
+    assert dr.moved_said(0.05) == ""  # a 5% move is within twice the tolerance: nothing said
