@@ -182,22 +182,36 @@ class DriftOutcome:
         return (f"bucket(s) {', '.join(map(str, self.run_again))} run again after the work, not being tight"
                 if self.run_again else "")
 
+    #: from this many rounds on, how far the host moved is read between the rounds' 10th and 90th percentiles: one
+    #: round of a few runs that straggled is not the host moving
+    MANY_ROUNDS = 10
+
+    def _moved_span(self) -> tuple[float, float, int]:
+        v = np.asarray([x for x in self.round_speeds if np.isfinite(x)])
+        if v.size < 2:
+            return float("nan"), float("nan"), int(v.size)
+        if v.size >= self.MANY_ROUNDS:
+            return float(np.percentile(v, 10)), float(np.percentile(v, 90)), int(v.size)
+        return float(v.min()), float(v.max()), int(v.size)
+
     @property
     def moved(self) -> float:
         """How far the host's speed moved during the work: the range of ``round_speeds`` (0.3: by 30% of its
-        speed over all the rounds); nan with fewer than two rounds measured."""
-        v = [x for x in self.round_speeds if np.isfinite(x)]
-        return max(v) - min(v) if len(v) >= 2 else float("nan")
+        speed over all the rounds; between their 10th and 90th percentiles from ``MANY_ROUNDS`` rounds on); nan
+        with fewer than two rounds measured."""
+        lo, hi, _ = self._moved_span()
+        return hi - lo
 
     def moved_said(self, tolerance: float) -> str:
         """A clause for a log line when the host moved by more than twice ``tolerance`` during the work ("" when it
-        held): a pass served while the host was slow queues more than a prediction at its average speed."""
+        held): the work's figures then carry the host's moves, which a prediction at its average speed does not."""
         if not self.moved > 2 * tolerance:
             return ""
-        v = [x for x in self.round_speeds if np.isfinite(x)]
-        return (f"between the {len(v)} rounds the host's speed ranged {min(v):.2f}-{max(v):.2f}x its speed over "
-                f"all of them: passes served while it was slower queue more than the prediction at that average, "
-                f"so part of any error is the host's")
+        lo, hi, n = self._moved_span()
+        which = f"the middle 80% of the {n} rounds" if n >= self.MANY_ROUNDS else f"the {n} rounds"
+        return (f"over {which} the host's speed ranged {lo:.2f}-{hi:.2f}x its speed over all of them: the runs "
+                f"carry the host's moves, which a prediction at that average does not, so part of any error is "
+                f"the host's")
 
     @property
     def times_before_s(self) -> tuple[float, ...]:
