@@ -205,9 +205,9 @@ class DriftOutcome:
     def moved_said(self, tolerance: float) -> str:
         """A clause for a log line when the host moved by more than twice ``tolerance`` during the work ("" when it
         held): the work's figures then carry the host's moves, which a prediction at its average speed does not."""
-        if not self.moved > 2 * tolerance:
-            return ""
         lo, hi, n = self._moved_span()
+        if not hi - lo > 2 * tolerance:
+            return ""
         which = f"the middle 80% of the {n} rounds" if n >= self.MANY_ROUNDS else f"the {n} rounds"
         return (f"over {which} the host's speed ranged {lo:.2f}-{hi:.2f}x its speed over all of them: the runs "
                 f"carry the host's moves, which a prediction at that average does not, so part of any error is "
@@ -238,8 +238,7 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
     key = lambda p: (p.bucket, p.input_len, p.output_len)  # noqa: E731
     times: dict[tuple, list[float]] = {key(p): [] for p in check.probes}
     ref_key = key(check.reference.probe)
-    rounds: list[tuple[float, ...]] = []
-    each_round: list[dict[tuple, tuple[float, ...]]] = []
+    each_round: list[dict[tuple, tuple[float, ...]]] = []  # per round: probe -> its times in it
     hw = 0.0
     last = None
 
@@ -251,13 +250,13 @@ def checked(runner: Runner, unit: Unit, check: DriftCheck | None,
         for r in res.runs:
             times[key(r.probe)].extend(r.times_s)
         each_round.append({key(r.probe): tuple(r.times_s) for r in res.runs})
-        rounds.append(tuple(next(r.times_s for r in res.runs if key(r.probe) == ref_key)))
 
     out: list[T] = []
     for i, work in enumerate(chunks):
         probe_round(i)
         out.append(work())
     probe_round(rounds_n - 1)
+    rounds = [r[ref_key] for r in each_round]  # the reference probe's times, round by round
     d = drift_of(check.reference, times[ref_key])
     speeds = round_speeds(each_round)
     if check.side_by_side:
