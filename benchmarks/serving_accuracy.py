@@ -79,7 +79,7 @@ from lens.rows import measured_context  # noqa: E402
 from lens.errors import LensoptError  # noqa: E402
 from lens.serving import TailRuns, predict_band, predict_serving  # noqa: E402
 from lens.metrics import band, latency_stats, tpot_of  # noqa: E402
-from lens.serving_metrics import (median_summary, range_share, summarize_serving,  # noqa: E402
+from lens.serving_metrics import (median_interval, median_summary, range_share, summarize_serving,  # noqa: E402
                                   summarize_serving_prediction)
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
@@ -404,9 +404,11 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 for m in METRICS:
                     vals = [x[m] for x in meas]
                     med = medians[m]
+                    low, high, cover = median_interval(vals)
                     rows.append({"unit": f"{target.hardware} tp{tp} b{batch}", "workload": wname,
                                  "rate_req_s": rate, "x_sat": frac, "metric": SHORT[m], "predicted": pred[m], "measured": med,
                                  "repeats": len(vals), "spread_%": range_share(vals) * 100,
+                                 "measured_low": low, "measured_high": high, "measured_coverage_%": cover * 100,
                                  "error_%": err(pred[m], med), "drift": drift, "drift_rounds_moved_%": moved,
                                  "corrected_error_%": err(corr[m], med),
                                  "corrected_per_pass_%": err(at_pass[m], med),
@@ -572,6 +574,7 @@ def report(rows: list[dict], fracs: list[float], csv_path: str | None) -> None:
               f"percentile points (median; max {pts.max():.1f}) from the measured percentile it predicts: "
               + ", ".join(f"{r['metric']} at {r['x_sat']:g} x sat: p{r['corrected_at_level']:.1f}" for r, _ in off))
     print(band_said(rows))
+    print(measured_said(rows))
     print(moved_said(rows))
     if csv_path:
         write_csv(rows, csv_path)
@@ -587,6 +590,22 @@ def band_said(rows: list[dict]) -> str:
     return (f"rows outside 10% corrected whose measured median lies in the corrected prediction's band (the "
             f"side-by-side profiles' +- one standard error): {len(inside)} of {len(out)}"
             + (f" (at {', '.join(f'{f:g}' for f in by_rate)} x saturation)" if inside else ""))
+
+
+def measured_said(rows: list[dict]) -> str:
+    """How well the repeats pin their median: the latency rows whose median's interval (``median_interval``: 96% from
+    nine repeats, 75% from three) reaches past 10% of it either side, where a 10% test of the prediction cannot be
+    read; and the rows outside 10% corrected whose corrected prediction lies inside that interval, a miss the
+    measurement cannot tell from its own noise."""
+    lat = [r for r in rows if r["metric"] != SHORT["request_throughput_req_s"]]
+    loose = [r for r in lat if r["measured_low"] < 0.9 * r["measured"] or r["measured_high"] > 1.1 * r["measured"]]
+    out = [r for r in rows if abs(r["corrected_error_%"]) > 10]
+    inside = [r for r in out
+              if r["measured_low"] <= r["measured"] * (1 + r["corrected_error_%"] / 100) <= r["measured_high"]]
+    covers = sorted({round(r["measured_coverage_%"]) for r in lat})
+    return (f"latency rows whose measured median's interval (order statistics, "
+            f"{' / '.join(f'{c}%' for c in covers)} coverage) reaches past 10% of it: {len(loose)}/{len(lat)}; "
+            f"rows outside 10% corrected whose corrected prediction lies in that interval: {len(inside)} of {len(out)}")
 
 
 def rounds_moved(rounds_s, cached_s: float) -> float:

@@ -127,6 +127,12 @@ def test_a_busier_rate_serves_more_times_up_to_the_cap(tmp_path):
     runs = {(r["x_sat"], r["metric"]): int(r["repeats"]) for r in csv.DictReader(out.open())}
     # 0.4 / 0.2 = 2 runs; 0.8 / 0.2 = 4, capped at 3
     assert {x: n for (x, m), n in runs.items() if m == "throughput"} == {"0.2": 1, "0.4": 2, "0.8": 3}
+    # each row's median interval holds its median, and covers it as its number of repeats allows (one: not at all;
+    # two or three: their range, 50% and 75%)
+    for r in csv.DictReader(out.open()):
+        assert float(r["measured_low"]) <= float(r["measured"]) <= float(r["measured_high"]), r
+        assert float(r["measured_coverage_%"]) == {1: 0.0, 2: 50.0, 3: 75.0}[int(r["repeats"])], r
+    assert "measured median's interval (order statistics, 0% / 50% / 75% coverage)" in proc.stdout
 
 
 def test_bad_repeat_and_rate_flags_are_refused_in_one_line(tmp_path):
@@ -168,6 +174,25 @@ def test_the_summary_counts_the_misses_inside_the_corrected_predictions_band(mon
             row(0.5, 12.0, 1.0, 1.0, 1.2)]
     assert band_said(rows).endswith("standard error): 2 of 3 (at 0.5, 0.8 x saturation)")
     assert band_said(rows[:1]).endswith("standard error): 0 of 0")
+
+
+def test_the_summary_counts_the_rows_whose_repeats_do_not_pin_their_median(monkeypatch):
+    """A latency row whose median's interval reaches past 10% of it either side is counted loose (throughput is not a
+    latency row); a miss whose corrected prediction lies in that interval is counted, one past it is not."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from benchmarks.serving_accuracy import measured_said
+
+    def row(metric, err, low, high, cover=96.09375):
+        return {"metric": metric, "corrected_error_%": err, "measured": 1.0, "measured_low": low,
+                "measured_high": high, "measured_coverage_%": cover}
+
+    rows = [row("TTFT p50", 30.0, 0.5, 1.4),   # loose, its prediction (1.3) inside
+            row("TTFT p90", -20.0, 0.85, 1.05),  # loose below, its prediction (0.8) past it
+            row("E2E p50", 4.0, 0.95, 1.05, 75.0),  # tight, within 10%
+            row("throughput", 15.0, 0.5, 2.0)]  # not a latency row, but a miss inside its interval
+    assert measured_said(rows) == (
+        "latency rows whose measured median's interval (order statistics, 75% / 96% coverage) reaches past 10% of "
+        "it: 2/3; rows outside 10% corrected whose corrected prediction lies in that interval: 2 of 3")
 
 
 def test_the_drift_rounds_range_and_the_misses_where_the_host_moved(monkeypatch):
