@@ -30,8 +30,8 @@ from .cli_serving import (add_serving_args, band_said, capacity_of, check_servin
                           request_slo, with_arrivals)
 from .cmd_cache import rm_unit_argv
 from .drift_check import DriftCheck, DriftOutcome, checked
-from .passes import (BUDGET_S, LEAST, MOST, TARGET, Passes, choose, noise_line, pass_spread_line, pass_spreads,
-                     repeats_arg)
+from .passes import (BUDGET_S, LEAST, MOST, TARGET, Passes, choose, noise_line, pass_intervals, pass_spread_line,
+                     pass_spreads, repeats_arg)
 from .profiler import check_subset, profile_missing
 
 
@@ -425,7 +425,8 @@ def cmd_measure(args) -> int:
         "spread": float(np.median(spread_each)),
         "spread_max": float(spread_each.max()),
         **({"measurement_noise_pct": noise} if noise is not None else {}),
-        **({"pass_spread": pass_spreads(per_pass)} if per_pass else {}),
+        **({"pass_spread": pass_spreads(per_pass), "pass_median_interval": pass_intervals(per_pass)}
+           if per_pass else {}),
         "compile_s": med.compile_s,
         "run_s": med.run_s,
         "wall_s": wall,

@@ -100,6 +100,10 @@ def test_measure_continuous_on_the_simulated_device(profiled, capsys):
     assert all(t <= e for t, e in zip(out["ttft_s"], out["e2e_s"]))
     # each pass's own percentiles, and how far they spread (the summary is their median)
     assert set(out["pass_spread"]) == set(PASS_METRICS) and all(v >= 0 for v in out["pass_spread"].values())
+    # and where their median lies: two passes' range, which holds the median half the time
+    at = out["pass_median_interval"]
+    assert set(at) == set(PASS_METRICS) and all(v["coverage"] == 0.5 for v in at.values())
+    assert all(v["below"] == pytest.approx(v["above"]) and v["below"] >= 0 for v in at.values())  # the midpoint
     assert main(["measure", str(space), *UNIT, *work(space), "--mode", "continuous", "--request-rate", "2",
                  "--repeats", "2"]) == 0
     assert "median of 2 passes' own figures" in capsys.readouterr().out
@@ -111,7 +115,7 @@ def test_measure_continuous_grades_the_serving_prediction_and_reports_the_drift(
             "--json"]
     pred = _json(capsys, ["predict", *args])
     meas = _json(capsys, ["measure", *args, "--repeats", "1"])
-    assert "pass_spread" not in meas  # one pass has no spread
+    assert "pass_spread" not in meas and "pass_median_interval" not in meas  # one pass has no spread
     assert meas["host_drift"] > 0 and meas["reference_probe"]["bucket"] in (64, 128)
     # the error is that of the continuous-batching prediction at the same arrivals (queueing included)
     p, m = np.asarray(pred["e2e_s"]), np.asarray(meas["e2e_s"])

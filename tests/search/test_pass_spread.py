@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from lens.serving_metrics import range_share
-from search.passes import KNEE_SPREAD, PASS_METRICS, pass_spread_line, pass_spreads
+from search.passes import KNEE_SPREAD, PASS_METRICS, pass_intervals, pass_spread_line, pass_spreads
 
 
 def _summary(scale: float, ttft_scale: float = 1.0) -> dict:
@@ -27,6 +29,9 @@ def test_quiet_passes_read_alike_and_say_nothing_of_the_knee():
     line = pass_spread_line(passes)
     assert line.startswith("over the 3 passes: request throughput 1.98 to 2.04 req/s (3%), TTFT p50 ")
     assert "knee" not in line
+    at = pass_intervals(passes)
+    assert at["e2e_p50_s"]["below"] == pytest.approx(0.01) and at["e2e_p50_s"]["above"] == pytest.approx(0.02)
+    assert at["e2e_p50_s"]["coverage"] == 0.75
 
 
 def test_a_queue_that_amplifies_the_hosts_noise_is_named():
@@ -36,4 +41,8 @@ def test_a_queue_that_amplifies_the_hosts_noise_is_named():
     assert spreads["ttft_p50_s"] > KNEE_SPREAD and spreads["e2e_p90_s"] < KNEE_SPREAD
     line = pass_spread_line(passes)
     assert f"TTFT p50, TTFT p90 spread over {KNEE_SPREAD:.0%}: at this rate the queue amplifies" in line
+    # three passes: their range holds the median 75% of the time; TTFT read 1.0, 1.485 and 3.03 x, the median
+    # 1.485 x: 33% below it to 104% above
+    assert ("the true median lies, with 75% confidence whatever the noise's shape, within TTFT p50 -33% to +104%, "
+            "TTFT p90 -33% to +104% of these passes' median") in line
     assert "\n" not in line
