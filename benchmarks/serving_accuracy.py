@@ -77,10 +77,10 @@ from lens.distributions import sample  # noqa: E402
 from lens.probes import plan_probes, solve  # noqa: E402
 from lens.rows import measured_context  # noqa: E402
 from lens.errors import LensoptError  # noqa: E402
-from lens.serving import TailRuns, predict_band, predict_serving  # noqa: E402
-from lens.metrics import band, latency_stats, tpot_of  # noqa: E402
+from lens.serving import TailRuns, predict_serving  # noqa: E402
+from lens.metrics import latency_stats, tpot_of  # noqa: E402
 from lens.serving_metrics import (median_interval, median_summary, range_share, summarize_serving,  # noqa: E402
-                                  summarize_serving_prediction)
+                                  summarize_serving_prediction, summarized_band)
 from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
@@ -357,8 +357,7 @@ def measure(args, runner, target, buckets, loads, fracs, sched, budget, clock: C
                 # the passes' figures read as the measured ones are (their median)
                 at_pass = per_pass(timed, side, sched, tp, dr.round_speeds, len(runs))
                 # how far the side-by-side profiles' own +- moves it (lens.serving.predict_band)
-                corr_band = band(corr, *(summarize_serving_prediction(timed, p, chips=tp)
-                                         for p in predict_band(side, timed, scheduler=sched)))
+                corr_band = summarized_band(timed, corr, side, scheduler=sched, chips=tp)
                 # the same without the resume cost: what it changes, measured on the same runs
                 bare = summarize_serving_prediction(
                     timed, predict_serving(dataclasses.replace(side, resume_s=0.0, resume_idle=()), timed,

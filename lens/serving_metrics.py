@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .arrivals import mean_rate
-from .metrics import LATENCIES, latency_stats, summarize, tpot_of
+from .metrics import LATENCIES, band, latency_stats, summarize, tpot_of
 from .types import Requests, WorkloadRun
 
 #: the order in which an SLO key's statistic ranks (the highest gives a per-request threshold)
@@ -149,6 +149,17 @@ def summarize_serving_prediction(requests: Requests, pred, *, chips: int = 1,
         m["goodput_req_s_per_chip"] = m["request_goodput_req_s"] / chips
         m["good_fraction"] = float(good.mean())
     return m
+
+
+def summarized_band(requests: Requests, point: Mapping[str, Any], table, *, scheduler, chips: int = 1,
+                    slo: RequestSLO | None = None) -> dict[str, tuple[float, float]]:
+    """``lens.metrics.band`` of ``point``, the summary of ``predict_serving(table, requests)``: each figure's least and
+    most over it and the same prediction on the table one standard error below and above (``lens.serving.predict_band``,
+    summarized as ``point`` was)."""
+    from .serving import predict_band  # lens.serving composes; this module only reads what it composed
+
+    return band(point, *(summarize_serving_prediction(requests, p, chips=chips, slo=slo)
+                         for p in predict_band(table, requests, scheduler=scheduler)))
 
 
 def summarize_serving_passes(requests: Requests, runs: Sequence[WorkloadRun], *, chips: int = 1,

@@ -13,10 +13,10 @@ from lens.capacity import max_sustainable_rate
 from lens.compose import UnitTable, predict
 from lens.drift import REFERENCE_ONLY, REPROFILED, RESCALED, SIDE_BY_SIDE
 from lens.errors import MissingProfiles
-from lens.metrics import band, summarize, summarize_prediction, tpot_of
+from lens.metrics import summarize, summarize_prediction, tpot_of
 from lens.noise import median_se
-from lens.serving import predict_band, predict_serving
-from lens.serving_metrics import median_summary, summarize_serving, summarize_serving_prediction
+from lens.serving import predict_serving
+from lens.serving_metrics import median_summary, summarize_serving, summarize_serving_prediction, summarized_band
 from runners import get_runner
 from spaces import ProfileSettings
 from spaces.schema import check, flag_help
@@ -342,8 +342,7 @@ def cmd_predict(args) -> int:
         summary = summarize_serving_prediction(requests, spred, chips=tp, slo=serving[2])
         # how far the profiles' own +- moves it: near the knee a small change of the costs is a large one of
         # the latencies (lens.serving.predict_band)
-        rng = band(summary, *(summarize_serving_prediction(requests, p, chips=tp, slo=serving[2])
-                              for p in predict_band(tbl, requests, scheduler=space.target.scheduler)))
+        rng = summarized_band(requests, summary, tbl, scheduler=space.target.scheduler, chips=tp, slo=serving[2])
         # the operator's question: the largest rate of this arrival pattern the unit serves within the space's SLOs
         growth = space.objectives.max_queue_growth
         cap = capacity_of(max_sustainable_rate(tbl, requests, unit_arrival_s=requests.arrival_s * serving[1],
