@@ -13,8 +13,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .arrivals import mean_rate
+from .compose import UnitTable
 from .metrics import LATENCIES, band, latency_stats, summarize, tpot_of
-from .types import Requests, WorkloadRun
+from .serving import predict_band
+from .types import Requests, Scheduler, WorkloadRun
 
 #: the order in which an SLO key's statistic ranks (the highest gives a per-request threshold)
 _RANK = {"mean": 50.0, "p50": 50.0, "p90": 90.0, "p99": 99.0}
@@ -151,13 +153,11 @@ def summarize_serving_prediction(requests: Requests, pred, *, chips: int = 1,
     return m
 
 
-def summarized_band(requests: Requests, point: Mapping[str, Any], table, *, scheduler, chips: int = 1,
-                    slo: RequestSLO | None = None) -> dict[str, tuple[float, float]]:
+def summarized_band(requests: Requests, point: Mapping[str, Any], table: UnitTable, *, scheduler: Scheduler,
+                    chips: int = 1, slo: RequestSLO | None = None) -> dict[str, tuple[float, float]]:
     """``lens.metrics.band`` of ``point``, the summary of ``predict_serving(table, requests)``: each figure's least and
     most over it and the same prediction on the table one standard error below and above (``lens.serving.predict_band``,
     summarized as ``point`` was)."""
-    from .serving import predict_band  # lens.serving composes; this module only reads what it composed
-
     return band(point, *(summarize_serving_prediction(requests, p, chips=chips, slo=slo)
                          for p in predict_band(table, requests, scheduler=scheduler)))
 
@@ -212,9 +212,9 @@ def median_interval(values, coverage: float = 0.9) -> tuple[float, float, float]
     if n == 0:
         return math.nan, math.nan, math.nan
 
-    def covers(k: int) -> float:
-        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0 ** n
+    # below[k]: P(Binomial(n, 1/2) <= k - 1), the chance the median lies below the k-th smallest
+    below = np.cumsum([math.comb(n, i) for i in range(n)]) / 2.0 ** n
     k = 1
-    while k + 1 <= (n + 1) // 2 and covers(k + 1) >= coverage:
+    while k + 1 <= (n + 1) // 2 and 1.0 - 2.0 * below[k] >= coverage:
         k += 1
-    return float(v[k - 1]), float(v[n - k]), covers(k)
+    return float(v[k - 1]), float(v[n - k]), float(1.0 - 2.0 * below[k - 1])
