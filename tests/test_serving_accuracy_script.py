@@ -183,8 +183,8 @@ def test_the_summary_counts_the_rows_whose_repeats_do_not_pin_their_median(monke
     from benchmarks.serving_accuracy import measured_said
 
     def row(metric, err, low, high, cover=96.09375):
-        return {"metric": metric, "corrected_error_%": err, "measured": 1.0, "measured_low": low,
-                "measured_high": high, "measured_coverage_%": cover}
+        return {"metric": metric, "corrected_error_%": err, "corrected_predicted": 1.0 + err / 100,
+                "measured": 1.0, "measured_low": low, "measured_high": high, "measured_coverage_%": cover}
 
     rows = [row("TTFT p50", 30.0, 0.5, 1.4),   # loose, its prediction (1.3) inside
             row("TTFT p90", -20.0, 0.85, 1.05),  # loose below, its prediction (0.8) past it
@@ -193,6 +193,26 @@ def test_the_summary_counts_the_rows_whose_repeats_do_not_pin_their_median(monke
     assert measured_said(rows) == (
         "latency rows whose measured median's interval (order statistics, 75% / 96% coverage) reaches past 10% of "
         "it: 2/3; rows outside 10% corrected whose corrected prediction lies in that interval: 2 of 3")
+
+
+def test_one_factor_for_the_host_is_the_median_of_the_side_by_side_costs_over_the_cached(monkeypatch):
+    """Every bucket probed side by side gives two ratios (TTFT_b, TBT_b) over its cached profile; the factor is
+    their median, so one bucket's noisy few runs do not set it. Buckets without a cached profile or a cost are left
+    out; with none left, the reference probe's drift."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from types import SimpleNamespace
+
+    from benchmarks.serving_accuracy import one_factor
+
+    def prof(b, ttft, tbt):  # the two solved costs are all it reads of a BucketProfile
+        return SimpleNamespace(bucket=b, ttft_s=ttft, tbt_s=tbt)
+
+    cached = {64: prof(64, 0.010, 0.002), 128: prof(128, 0.020, 0.004)}
+    side = {64: prof(64, 0.011, 0.0021), 128: prof(128, 0.030, 0.0042), 256: prof(256, 0.1, 0.1)}
+    # ratios 1.10, 1.05, 1.50, 1.05: the median 1.075, the outlying 1.5 not moving it past its neighbours
+    assert one_factor(cached, side, 0.9) == pytest.approx(1.075)
+    assert one_factor(cached, {256: side[256]}, 0.9) == 0.9
+    assert one_factor({64: prof(64, 0.0, 0.002)}, {64: prof(64, 0.01, 0.003)}, 0.9) == pytest.approx(1.5)
 
 
 def test_the_drift_rounds_range_and_the_misses_where_the_host_moved(monkeypatch):
