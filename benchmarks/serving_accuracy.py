@@ -63,6 +63,7 @@ import dataclasses
 import os
 import sys
 import time
+from typing import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +82,7 @@ from lens.serving import TailRuns, predict_serving  # noqa: E402
 from lens.metrics import latency_stats, tpot_of  # noqa: E402
 from lens.serving_metrics import (median_interval, median_summary, range_share, summarize_serving,  # noqa: E402
                                   summarize_serving_prediction, summarized_band)
-from lens.types import Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
+from lens.types import BucketProfile, Candidate, ModelShape, Requests, Target, Unit  # noqa: E402
 from lens.workload import fit_to, read_trace, scale_lengths, window  # noqa: E402
 from runners import get_runner  # noqa: E402
 from search.drift_check import DriftCheck, checked  # noqa: E402
@@ -451,12 +452,12 @@ def per_pass(timed: Requests, table: UnitTable, sched, chips: int, speeds: tuple
         chips=chips) for i in range(passes)])
 
 
-def one_factor(cached: dict, side: dict, fallback: float) -> float:
+def one_factor(cached: Mapping[int, BucketProfile], side: Mapping[int, BucketProfile], fallback: float) -> float:
     """How much slower the host ran beside the repeats than when it profiled, as one factor: the median over the
     buckets probed side by side of their solved TTFT_b and TBT_b over the cached ones. ``fallback`` (the reference
     probe's drift) where no bucket has both."""
-    ratios = [getattr(side[b], f) / getattr(cached[b], f) for b in side if b in cached
-              for f in ("ttft_s", "tbt_s") if getattr(cached[b], f) > 0 and getattr(side[b], f) > 0]
+    ratios = [now / then for b, p in side.items() if b in cached
+              for now, then in ((p.ttft_s, cached[b].ttft_s), (p.tbt_s, cached[b].tbt_s)) if now > 0 and then > 0]
     return float(np.median(ratios)) if ratios else fallback
 
 
